@@ -1,0 +1,246 @@
+"""The one catalog of measurements the stack knows.
+
+The simulator emits from it, the dashboards query it, and a test proves that every
+dashboard query names only what is defined here. Tags are a small fixed set (low
+cardinality); per-step values such as window, step or pid are fields, never tags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Tags every MetricsLogger adds to every point it writes (when the value is set).
+STANDARD_TAGS: tuple[str, ...] = (
+    "uid",
+    "role",
+    "version",
+    "network",
+    "runtime_id",
+    "group",
+    "job_type",
+)
+
+ROLES: tuple[str, ...] = ("miner", "validator", "aggregator", "evaluator")
+ALL_ROLES = ROLES
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a measurement; every numeric field is stored as a float."""
+
+    name: str
+    unit: str
+    description: str
+    kind: str = "float"  # "float" or "string"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A measurement: its name, who emits it, its own tags (beyond STANDARD_TAGS), its fields."""
+
+    name: str
+    description: str
+    roles: tuple[str, ...]
+    fields: tuple[Field, ...]
+    tags: tuple[str, ...] = ()
+    automatic: bool = False  # written by the client itself, not by the caller
+
+    @property
+    def field_names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields)
+
+    @property
+    def tag_names(self) -> tuple[str, ...]:
+        return STANDARD_TAGS + self.tags
+
+
+def _stats(name: str, unit: str, what: str) -> tuple[Field, ...]:
+    """Fields produced when a list of numbers is logged under `name`."""
+    return tuple(
+        Field(f"{name}_{stat}", unit, f"{stat} of {what} over the step")
+        for stat in ("mean", "min", "max", "median")
+    )
+
+
+# Reasons the client drops data; each becomes a `dropped_<reason>` field of the
+# self-metrics measurement. The shipping engine and the encoders use only these.
+DROP_REASONS: tuple[str, ...] = (
+    "buffer_full",  # the bounded buffer was full: the oldest data made room
+    "expired",  # older than the configured maximum age while the server was down
+    "rejected",  # the server answered 4xx (not 429): not retryable
+    "invalid",  # a name, tag or point the server could not store exactly
+    "non_finite",  # a NaN or infinite field value
+    "no_fields",  # a point left with no field after cleaning
+    "unsupported_type",  # a field value of a type that has no documented treatment
+    "too_large",  # a value or line over the configured size limit
+    "sampled_out",  # not kept by log(sample_rate=...)
+    "shutdown",  # still buffered when close() reached its deadline
+    "encode_error",  # the encoder raised: a bug, logged with its traceback
+)
+
+MEASUREMENTS: tuple[Measurement, ...] = (
+    Measurement(
+        name="training_step",
+        description="One optimiser step of a miner",
+        roles=("miner",),
+        fields=(
+            Field("loss", "", "training loss"),
+            Field("learning_rate", "", "current learning rate"),
+            *_stats("grad_norm", "", "per-parameter-group gradient norms"),
+            Field("tokens_per_sec", "tokens/s", "training throughput"),
+            Field("batch_tokens", "tokens", "tokens in the step's batch"),
+            Field("window", "", "training window the step belongs to"),
+            Field("global_step", "", "optimiser step counter"),
+        ),
+    ),
+    Measurement(
+        name="validator_window",
+        description="A validator's evaluation summary for one window",
+        roles=("validator",),
+        fields=(
+            Field("loss_before", "", "mean loss on evaluation data before applying gradients"),
+            Field("loss_after", "", "mean loss after applying the evaluated gradients"),
+            Field("improvement", "", "relative loss improvement, (before - after) / before"),
+            Field("evaluated_uids", "count", "miners evaluated in the window"),
+            Field("window", "", "window evaluated"),
+            Field("global_step", "", "validator step counter"),
+        ),
+    ),
+    Measurement(
+        name="validator_scores",
+        description="A validator's score and weight for one evaluated miner",
+        roles=("validator",),
+        tags=("eval_uid",),
+        fields=(
+            Field("score", "", "score of the evaluated miner in the window"),
+            Field("moving_avg_score", "", "exponential moving average of the score"),
+            Field("weight", "", "weight set on chain for the evaluated miner"),
+            Field("window", "", "window evaluated"),
+        ),
+    ),
+    Measurement(
+        name="aggregator_step",
+        description="One aggregation round of the aggregator",
+        roles=("aggregator",),
+        fields=(
+            Field("gradients_gathered", "count", "gradients merged in the round"),
+            Field("gather_success_rate", "ratio", "share of expected peers whose gradient arrived"),
+            Field("aggregation_time_s", "s", "time spent merging"),
+            Field("window", "", "window aggregated"),
+        ),
+    ),
+    Measurement(
+        name="evaluator_benchmark",
+        description="A benchmark score of a checkpoint, from the evaluator",
+        roles=("evaluator",),
+        tags=("task",),
+        fields=(
+            Field("score", "", "benchmark score (accuracy or normalised metric)"),
+            Field("duration_s", "s", "time the benchmark took"),
+            Field("global_step", "", "checkpoint's global step"),
+            Field("window", "", "checkpoint's window"),
+        ),
+    ),
+    Measurement(
+        name="network_status",
+        description="A node's view of the peer-to-peer network",
+        roles=ALL_ROLES,
+        fields=(
+            Field("active_peers", "count", "peers seen active in the window"),
+            Field("sync_lag_windows", "windows", "how many windows the node is behind"),
+            Field("is_synced", "bool", "1 when the node is in sync, else 0"),
+            Field("gather_success_rate", "ratio", "share of peers whose gradient was gathered"),
+            Field("window", "", "current window"),
+        ),
+    ),
+    Measurement(
+        name="performance",
+        description="Gradient exchange and step timings of a node",
+        roles=ALL_ROLES,
+        fields=(
+            Field("compression_ratio", "ratio", "raw gradient bytes / compressed gradient bytes"),
+            Field("gather_time_s", "s", "time to gather peers' gradients"),
+            Field("put_time_s", "s", "time to upload the node's gradient"),
+            Field("step_time_s", "s", "wall time of the whole step"),
+            Field("window", "", "current window"),
+        ),
+    ),
+    Measurement(
+        name="system",
+        description="Host metrics, sampled by the client at most once per interval",
+        roles=ALL_ROLES,
+        automatic=True,
+        fields=(
+            Field("cpu_percent", "percent", "CPU use of the host since the previous sample"),
+            Field("memory_used_bytes", "bytes", "memory in use (the cgroup's inside a container)"),
+            Field("memory_total_bytes", "bytes", "memory available (the cgroup limit if lower)"),
+            Field("memory_percent", "percent", "memory_used_bytes / memory_total_bytes"),
+            Field("process_rss_bytes", "bytes", "resident memory of the logging process"),
+        ),
+    ),
+    Measurement(
+        name="gpu",
+        description="Per-device GPU metrics from NVML, sampled at most once per interval",
+        roles=ALL_ROLES,
+        automatic=True,
+        tags=("gpu_uuid", "gpu_index", "gpu_name"),
+        fields=(
+            Field("memory_used_bytes", "bytes", "device memory in use (all processes)"),
+            Field("memory_total_bytes", "bytes", "device memory"),
+            Field("utilization_percent", "percent", "GPU utilisation"),
+            Field("temperature_c", "°C", "GPU temperature"),
+            Field("power_w", "W", "power draw"),
+        ),
+    ),
+    Measurement(
+        name="gpu_memory",
+        description="torch.cuda allocator statistics of the logging process, per device",
+        roles=ALL_ROLES,
+        automatic=True,
+        tags=("gpu_uuid", "gpu_index"),
+        fields=(
+            Field("allocated_bytes", "bytes", "memory held by tensors"),
+            Field("reserved_bytes", "bytes", "memory cached by the allocator (allocated + free)"),
+            Field("max_allocated_bytes", "bytes", "peak of allocated_bytes"),
+            Field("segments", "count", "allocator segments currently held"),
+        ),
+    ),
+    Measurement(
+        name="telemetry_client",
+        description="The client's own counters, per sink (influxdb or loki)",
+        roles=ALL_ROLES,
+        automatic=True,
+        tags=("sink",),
+        fields=(
+            Field("queued", "count", "records accepted by log()/emit()"),
+            Field("sent", "count", "points or log lines the server accepted"),
+            Field("batches", "count", "requests the server accepted"),
+            Field("retries", "count", "requests retried"),
+            Field("pending", "count", "records buffered, not yet delivered"),
+            Field("pending_bytes", "bytes", "encoded bytes buffered, not yet delivered"),
+            Field("bytes_sent", "bytes", "compressed bytes the server accepted"),
+            Field("dropped", "count", "records dropped, all reasons"),
+            *(
+                Field(f"dropped_{reason}", "count", f"records dropped: {reason}")
+                for reason in DROP_REASONS
+            ),
+        ),
+    ),
+)
+
+CATALOG: dict[str, Measurement] = {m.name: m for m in MEASUREMENTS}
+
+
+def measurement(name: str) -> Measurement:
+    """Look a measurement up by name, with a clear error for an unknown one."""
+    try:
+        return CATALOG[name]
+    except KeyError:
+        raise KeyError(
+            f"unknown measurement {name!r}; the catalog defines: {', '.join(sorted(CATALOG))}"
+        ) from None
+
+
+def measurements_for_role(role: str) -> tuple[Measurement, ...]:
+    """Measurements a node of `role` emits itself (automatic ones excluded)."""
+    return tuple(m for m in MEASUREMENTS if role in m.roles and not m.automatic)
