@@ -57,8 +57,7 @@ class Measurement:
 def _stats(name: str, unit: str, what: str) -> tuple[Field, ...]:
     """Fields produced when a list of numbers is logged under `name`."""
     return tuple(
-        Field(f"{name}_{stat}", unit, f"{stat} of {what} over the step")
-        for stat in ("mean", "min", "max", "median")
+        Field(f"{name}_{stat}", unit, f"{stat} of {what} over the step") for stat in ("mean", "min", "max", "median")
     )
 
 
@@ -71,6 +70,7 @@ DROP_REASONS: tuple[str, ...] = (
     "invalid",  # a name, tag or point the server could not store exactly
     "non_finite",  # a NaN or infinite field value
     "no_fields",  # a point left with no field after cleaning
+    "none_value",  # a field value of None (never turned into 0.0)
     "unsupported_type",  # a field value of a type that has no documented treatment
     "too_large",  # a value or line over the configured size limit
     "sampled_out",  # not kept by log(sample_rate=...)
@@ -220,10 +220,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
             Field("pending_bytes", "bytes", "encoded bytes buffered, not yet delivered"),
             Field("bytes_sent", "bytes", "compressed bytes the server accepted"),
             Field("dropped", "count", "records dropped, all reasons"),
-            *(
-                Field(f"dropped_{reason}", "count", f"records dropped: {reason}")
-                for reason in DROP_REASONS
-            ),
+            *(Field(f"dropped_{reason}", "count", f"records dropped: {reason}") for reason in DROP_REASONS),
         ),
     ),
 )
@@ -236,9 +233,7 @@ def measurement(name: str) -> Measurement:
     try:
         return CATALOG[name]
     except KeyError:
-        raise KeyError(
-            f"unknown measurement {name!r}; the catalog defines: {', '.join(sorted(CATALOG))}"
-        ) from None
+        raise KeyError(f"unknown measurement {name!r}; the catalog defines: {', '.join(sorted(CATALOG))}") from None
 
 
 def measurements_for_role(role: str) -> tuple[Measurement, ...]:

@@ -1,0 +1,117 @@
+"""The field typing rule: how Python values become InfluxDB fields.
+
+InfluxDB fixes a field's type at its first write in a shard; writing `1` (integer)
+and later `0.5` (float) to the same field is a "field type conflict" and the
+second write is refused. So every number is written as a float:
+
+- int, float, bool (as 1.0/0.0), and anything with `__float__` or `.item()`
+  (NumPy and PyTorch scalars) become floats. Integers above 2**53 lose precision.
+- NaN and ±infinity are dropped from the point (`non_finite`); None is dropped,
+  never turned into 0.0 (`none_value`).
+- a list, tuple or 1-D array of numbers becomes `<key>_mean`, `<key>_min`,
+  `<key>_max`, `<key>_median` over its finite values.
+- str stays a string field (up to `max_string_bytes`, else `too_large`).
+- anything else is dropped (`unsupported_type`), with one warning per type.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Mapping
+
+from telemetry_client.line_protocol import valid_key
+from telemetry_client.self_log import warn
+
+DEFAULT_MAX_STRING_BYTES = 64 * 1024
+Drop = Callable[[str, int], None]
+
+
+def _as_number(value: object) -> float | None:
+    """A float for numeric scalars (incl. NumPy/PyTorch), None when `value` is not one."""
+    if isinstance(value, float):
+        return value
+    if isinstance(value, int):  # bool included: True -> 1.0
+        return float(value)
+    if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
+        item = value.item()  # type: ignore[attr-defined]
+        return float(item) if isinstance(item, int | float) else None
+    if hasattr(value, "__float__") and not isinstance(value, str | bytes):
+        return float(value)  # type: ignore[arg-type]
+    return None
+
+
+def list_stats(values: list[float]) -> dict[str, float]:
+    """Mean, min, max and median of finite values (the seed's list treatment)."""
+    return {
+        "mean": math.fsum(values) / len(values),
+        "min": min(values),
+        "max": max(values),
+        "median": statistics.median(values),
+    }
+
+
+def normalize_fields(
+    fields: Mapping[object, object], drop: Drop, max_string_bytes: int = DEFAULT_MAX_STRING_BYTES
+) -> dict[str, float | str]:
+    """Apply the typing rule; every value left out is counted through `drop`."""
+    out: dict[str, float | str] = {}
+    for key, value in fields.items():
+        if not valid_key(key):
+            drop("invalid", 1)
+            warn.warning(f"field-key:{key!r}", "dropped field with an invalid key %r", key)
+            continue
+        if value is None:
+            drop("none_value", 1)
+            continue
+        if isinstance(value, str):
+            if len(value.encode("utf-8", "surrogatepass")) > max_string_bytes:
+                drop("too_large", 1)
+            else:
+                out[key] = value  # type: ignore[index]
+            continue
+        if isinstance(value, list | tuple) or (hasattr(value, "tolist") and getattr(value, "ndim", 0) >= 1):
+            items = value.tolist() if hasattr(value, "tolist") else value  # type: ignore[union-attr]
+            _add_list(out, key, items, drop)  # type: ignore[arg-type]
+            continue
+        try:
+            number = _as_number(value)
+        except OverflowError:
+            drop("too_large", 1)
+            continue
+        except (TypeError, ValueError):
+            number = None
+        if number is None:
+            drop("unsupported_type", 1)
+            warn.once(
+                f"type:{type(value).__name__}", "dropped field %r of unsupported type %s", key, type(value).__name__
+            )
+        elif math.isfinite(number):
+            out[key] = number  # type: ignore[index]
+        else:
+            drop("non_finite", 1)
+    return out
+
+
+def _add_list(out: dict[str, float | str], key: str, items: list[object], drop: Drop) -> None:
+    numbers = []
+    for item in items:
+        try:
+            number = _as_number(item)
+        except OverflowError:
+            drop("too_large", 1)
+            continue
+        except (TypeError, ValueError):
+            number = None
+        if number is None:
+            drop("unsupported_type", 1)
+        elif math.isfinite(number):
+            numbers.append(number)
+        else:
+            drop("non_finite", 1)
+    if not numbers:
+        if not items:
+            drop("invalid", 1)  # an empty list has no statistics
+        return
+    for stat, number in list_stats(numbers).items():
+        out[f"{key}_{stat}"] = number

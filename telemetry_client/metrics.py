@@ -1,0 +1,450 @@
+"""MetricsLogger: points to InfluxDB through the shared shipping engine.
+
+`log()` only stamps the time, copies the caller's dicts and appends to a deque;
+tags, the field typing rule (see `fields`), validation and line-protocol
+encoding all happen on the sender thread.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import os
+import random
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from telemetry_client import line_protocol as lp
+from telemetry_client.fields import DEFAULT_MAX_STRING_BYTES, list_stats, normalize_fields
+from telemetry_client.gpu_metrics import GpuSampler
+from telemetry_client.self_log import warn
+from telemetry_client.shipping import BufferSettings, Channel, Item
+from telemetry_client.system_metrics import SystemSampler
+from telemetry_client.transport import HttpTransport, Response
+
+# Config attributes that may become tags: tag name -> dotted attribute path in `config`.
+DEFAULT_CONFIG_TAGS: Mapping[str, str] = {"netuid": "netuid", "network": "subtensor.network"}
+SELF_METRICS_MEASUREMENT = "telemetry_client"
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+
+# (measurement, caller tags or None, fields, timestamp, with_system_metrics, with_gpu_metrics)
+Record = tuple[str, dict | None, dict, Any, bool, bool]
+
+
+class ConfigurationError(ValueError):
+    """A logger was configured in a way that cannot work; the message says how to fix it."""
+
+
+def _env(name: str, value: Any) -> Any:
+    return value if value is not None else os.environ.get(name) or None
+
+
+def _config_value(config: Any, path: str) -> Any:
+    value = config
+    for part in path.split("."):
+        if value is None:
+            return None
+        value = value.get(part) if isinstance(value, Mapping) else getattr(value, part, None)
+    return value
+
+
+def _timestamp_ns(timestamp: Any) -> int:
+    """int: nanoseconds; float: seconds since the epoch; datetime: converted (naive means UTC)."""
+    if isinstance(timestamp, bool):
+        raise TypeError("a bool is not a timestamp")
+    if isinstance(timestamp, int):
+        return timestamp
+    if isinstance(timestamp, float):
+        return round(timestamp * 1e9)
+    if isinstance(timestamp, dt.datetime):
+        if timestamp.tzinfo is None:
+            timestamp = timestamp.replace(tzinfo=dt.UTC)
+        delta = timestamp - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+        return (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1_000
+    raise TypeError(f"unsupported timestamp type {type(timestamp).__name__}")
+
+
+class InfluxSink:
+    """Encodes records into line protocol for one logger's identity and endpoint."""
+
+    name = "influxdb"
+
+    def __init__(
+        self,
+        transport: HttpTransport,
+        standard_tags: dict[str, str],
+        max_string_bytes: int,
+        system_interval: float,
+        self_metrics_interval: float | None,
+    ) -> None:
+        self.transport = transport
+        self.standard_tags = standard_tags
+        self.max_string_bytes = max_string_bytes
+        self.system_interval = system_interval
+        self.self_metrics_interval = self_metrics_interval
+        self.watched: list[Channel] = []
+        self.submit: Callable[[Record], None] = lambda record: None
+        self._series: dict[Any, str | None] = {}
+        self._system: SystemSampler | None = None
+        self._gpu: GpuSampler | None = None
+        self._last_self_metrics = time.monotonic()
+
+    # -- encoding (sender thread) --
+
+    def _series_for(self, measurement: str, tags: dict | None, drop: Callable[[str, int], None]) -> str | None:
+        key = (measurement, tuple(tags.items())) if tags else measurement
+        series = self._series.get(key, "")
+        if series != "":
+            return series
+        series = self._build_series(measurement, tags or {})
+        if len(self._series) < 10_000:
+            self._series[key] = series
+        return series
+
+    def _build_series(self, measurement: str, tags: Mapping[Any, Any]) -> str | None:
+        if not lp.valid_measurement(measurement):
+            warn.warning(f"measurement:{measurement!r}", "dropped points of invalid measurement name %r", measurement)
+            return None
+        merged = dict(self.standard_tags)
+        for key, value in tags.items():
+            if value is None or value == "":
+                continue
+            value = str(value)
+            if not (lp.valid_key(key) and lp.valid_name(value)):
+                warn.warning(f"tag:{key!r}", "dropped points with invalid tag %r=%r", key, value)
+                return None
+            if key in merged and merged[key] != value:
+                warn.once(
+                    f"override:{key}",
+                    "log() tag %r=%r overrides the logger's %r=%r for that point (caller's tags win)",
+                    key,
+                    value,
+                    key,
+                    merged[key],
+                )
+            merged[key] = value
+        return lp.series_key(measurement, merged)
+
+    def encode(self, record: Record, emit: Callable[[Item], None], drop: Callable[[str, int], None]) -> None:
+        measurement, tags, fields, timestamp, with_system, with_gpu = record
+        try:
+            ts = _timestamp_ns(timestamp)
+        except (TypeError, ValueError, OverflowError):
+            drop("invalid", 1)
+            warn.warning("timestamp", "dropped a point with an invalid timestamp %r", timestamp)
+            return
+        self._emit_point(measurement, tags, fields, ts, emit, drop)
+        now = time.monotonic()
+        if with_system:
+            if self._system is None:
+                self._system = SystemSampler(self.system_interval)
+            elif self._system.due(now):
+                self._emit_point("system", None, self._system.sample(), ts, emit, drop)
+        if with_gpu:
+            if self._gpu is None:
+                self._gpu = GpuSampler(self.system_interval)
+            if self._gpu.due(now):
+                for name, gpu_tags, gpu_fields in self._gpu.sample(now):
+                    self._emit_point(name, gpu_tags, gpu_fields, ts, emit, drop)
+
+    def _emit_point(
+        self,
+        measurement: str,
+        tags: dict | None,
+        fields: Mapping,
+        ts: int,
+        emit: Callable[[Item], None],
+        drop: Callable[[str, int], None],
+    ) -> None:
+        series = self._series_for(measurement, tags, drop)
+        if series is None:
+            drop("invalid", 1)
+            return
+        clean = normalize_fields(fields, drop, self.max_string_bytes)
+        if not clean:
+            drop("no_fields", 1)
+            return
+        try:
+            line = f"{series} {lp.encode_fields(clean)} {ts}\n".encode()
+        except UnicodeEncodeError:
+            drop("invalid", 1)
+            warn.warning("unicode", "dropped a point holding text that is not valid Unicode")
+            return
+        emit((line, len(line), measurement))
+
+    def build_body(self, items: Sequence[Item]) -> bytes:
+        return b"".join(item[0] for item in items)
+
+    def on_rejected(self, items: Sequence[Item], response: Response) -> list[Item] | None:
+        return None  # InfluxDB already stored the valid lines of a partial write
+
+    def on_idle(self, now: float) -> None:
+        """Write the watched channels' counters as `telemetry_client` points, once per interval."""
+        interval = self.self_metrics_interval
+        if not interval or now - self._last_self_metrics < interval:
+            return
+        self._last_self_metrics = now
+        ts = time.time_ns()
+        for channel in self.watched:
+            stats = channel.stats()
+            fields = {
+                k: float(stats[k])
+                for k in ("queued", "sent", "batches", "retries", "pending", "pending_bytes", "bytes_sent", "dropped")
+            }
+            for reason, count in stats["dropped_by_reason"].items():
+                fields[f"dropped_{reason}"] = float(count)
+            self.submit((SELF_METRICS_MEASUREMENT, {"sink": stats["sink"]}, fields, ts, False, False))
+
+
+class MetricsLogger:
+    """Logs points to InfluxDB without ever blocking or raising into the training loop.
+
+    Configuration errors raise `ConfigurationError` here, at construction. The
+    environment (INFLUXDB_URL, INFLUXDB_HOST, INFLUXDB_PORT, INFLUXDB_DATABASE,
+    INFLUXDB_TOKEN, INFLUXDB_ORG, INFLUXDB_API_VERSION, INFLUXDB_USERNAME,
+    INFLUXDB_PASSWORD, INFLUXDB_RETENTION_POLICY, INFLUXDB_VERIFY_TLS) is read now,
+    never at import. There is no fallback token.
+
+    Tag rule: every point gets the standard tags (uid, role, version, network,
+    runtime_id, group, job_type) that are set, plus allow-listed config values.
+    A tag passed to `log()` with the same key wins for that point, and a warning
+    says so once per key; nothing is overwritten silently.
+    """
+
+    def __init__(
+        self,
+        host: str | None = None,
+        port: int | None = None,
+        database: str | None = None,
+        token: str | None = None,
+        org: str | None = None,
+        prefix: str = "",
+        uid: str | int | None = None,
+        role: str = "",
+        version: str | None = None,
+        runtime_id: str | None = None,
+        config: Any = None,
+        group: str | None = None,
+        job_type: str | None = None,
+        *,
+        network: str | None = None,
+        url: str | None = None,
+        scheme: str | None = None,
+        api_version: int | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        retention_policy: str | None = None,
+        verify_tls: bool | None = None,
+        ca_certs: str | None = None,
+        config_tags: Mapping[str, str] = DEFAULT_CONFIG_TAGS,
+        buffer: BufferSettings | None = None,
+        compress: bool = True,
+        connect_timeout: float = 3.0,
+        read_timeout: float = 10.0,
+        system_metrics_interval: float = 10.0,
+        self_metrics_interval: float | None = 10.0,
+        max_string_bytes: int = DEFAULT_MAX_STRING_BYTES,
+        enabled: bool = True,
+    ) -> None:
+        self.prefix = prefix
+        self.uid = None if uid is None else str(uid)
+        self.role = role
+        self.version = version
+        self.runtime_id = runtime_id
+        self.group = group
+        self.job_type = job_type
+        self.enabled = enabled
+        tags = {
+            "uid": self.uid,
+            "role": role,
+            "version": version,
+            "runtime_id": runtime_id,
+            "group": group,
+            "job_type": job_type,
+        }
+        if config is not None:
+            for tag, path in config_tags.items():
+                value = _config_value(config, path)
+                if value is not None and tags.get(tag) is None:
+                    tags[tag] = str(value)
+        if network is not None:
+            tags["network"] = network
+        self.standard_tags = {k: str(v) for k, v in tags.items() if v not in (None, "")}
+        for key, value in self.standard_tags.items():
+            if not (lp.valid_key(key) and lp.valid_name(value)):
+                raise ConfigurationError(
+                    f"tag {key}={value!r} cannot be written to InfluxDB exactly "
+                    "(no tab, newline, carriage return or backslash)"
+                )
+        if prefix and not lp.valid_measurement(prefix):
+            raise ConfigurationError(f"prefix {prefix!r} is not a valid measurement name prefix")
+        self._names: dict[str, str] = {}
+        self._channel: Channel | None = None
+        if not enabled:
+            return
+
+        api_version = int(_env("INFLUXDB_API_VERSION", api_version) or 2)
+        if api_version not in (1, 2):
+            raise ConfigurationError(f"api_version must be 1 (InfluxDB 1.x) or 2, got {api_version}")
+        database = _env("INFLUXDB_DATABASE", database) or "telemetry"
+        write_url, headers = self._write_target(
+            url=_env("INFLUXDB_URL", url),
+            host=_env("INFLUXDB_HOST", host),
+            port=_env("INFLUXDB_PORT", port),
+            scheme=scheme,
+            api_version=api_version,
+            database=database,
+            token=_env("INFLUXDB_TOKEN", token),
+            org=_env("INFLUXDB_ORG", org) or "telemetry",
+            username=_env("INFLUXDB_USERNAME", username),
+            password=_env("INFLUXDB_PASSWORD", password),
+            retention_policy=_env("INFLUXDB_RETENTION_POLICY", retention_policy),
+        )
+        if verify_tls is None:
+            verify_tls = os.environ.get("INFLUXDB_VERIFY_TLS", "true").lower() not in ("0", "false", "no")
+        transport = HttpTransport(
+            write_url,
+            headers,
+            verify_tls=verify_tls,
+            ca_certs=ca_certs,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            compress=compress,
+        )
+        self.database = database
+        self.api_version = api_version
+        self._sink = InfluxSink(
+            transport, self.standard_tags, max_string_bytes, system_metrics_interval, self_metrics_interval
+        )
+        self._channel = Channel(self._sink, buffer)
+        self._sink.submit = self._channel.submit
+        self._sink.watched.append(self._channel)
+
+    @staticmethod
+    def _write_target(
+        *,
+        url: str | None,
+        host: str | None,
+        port: Any,
+        scheme: str | None,
+        api_version: int,
+        database: str,
+        token: str | None,
+        org: str,
+        username: str | None,
+        password: str | None,
+        retention_policy: str | None,
+    ) -> tuple[str, dict[str, str]]:
+        """The write URL and headers; raises ConfigurationError for anything missing."""
+        if url is None:
+            if not host:
+                raise ConfigurationError("no InfluxDB server: pass url= or host= (or set INFLUXDB_URL / INFLUXDB_HOST)")
+            try:
+                port = int(port or 8086)
+            except ValueError:
+                raise ConfigurationError(f"INFLUXDB_PORT must be a number, got {port!r}") from None
+            scheme = scheme or ("http" if host in LOOPBACK_HOSTS else "https")
+            url = f"{scheme}://{host}:{port}"
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ConfigurationError(f"InfluxDB URL must look like https://host:8086, got {url!r}")
+        base = url.rstrip("/")
+        headers = {"Content-Type": "text/plain; charset=utf-8"}
+        if api_version == 2:
+            if not token:
+                raise ConfigurationError(
+                    "no InfluxDB token: pass token= or set INFLUXDB_TOKEN (there is no default token); "
+                    "for InfluxDB 1.x use api_version=1 with username/password, or pass enabled=False"
+                )
+            headers["Authorization"] = f"Token {token}"
+            query = urllib.parse.urlencode({"org": org, "bucket": database, "precision": "ns"})
+            return f"{base}/api/v2/write?{query}", headers
+        if bool(username) != bool(password):
+            raise ConfigurationError("InfluxDB 1.x needs both username and password, or neither")
+        if username:
+            credentials = base64.b64encode(f"{username}:{password}".encode()).decode()
+            headers["Authorization"] = f"Basic {credentials}"
+        params = {"db": database, "precision": "n"}
+        if retention_policy:
+            params["rp"] = retention_policy
+        return f"{base}/write?{urllib.parse.urlencode(params)}", headers
+
+    def __repr__(self) -> str:
+        target = self._sink.transport.url.split("?")[0] if self._channel else "disabled"
+        return f"MetricsLogger(uid={self.uid!r}, role={self.role!r}, target={target!r})"
+
+    def _name(self, measurement: str) -> str:
+        name = self._names.get(measurement)
+        if name is None:
+            prefix = self.prefix
+            name = f"{prefix}{'' if prefix.endswith('_') else '_'}{measurement}" if prefix else measurement
+            self._names[measurement] = name
+        return name
+
+    def log(
+        self,
+        measurement: str,
+        tags: Mapping[str, Any] | None = None,
+        fields: Mapping[str, Any] | None = None,
+        timestamp: int | float | dt.datetime | None = None,
+        with_system_metrics: bool = False,
+        with_gpu_metrics: bool = False,
+        sample_rate: float = 1.0,
+    ) -> None:
+        """Queue one point. Never blocks on the network, never raises; bad input is counted."""
+        channel = self._channel
+        if channel is None:
+            return
+        try:
+            ts = time.time_ns() if timestamp is None else timestamp
+            if sample_rate < 1.0 and random.random() >= sample_rate:
+                channel.count_sampled_out()
+                return
+            channel.submit(
+                (
+                    self._name(measurement),
+                    dict(tags) if tags else None,
+                    dict(fields) if fields else {},
+                    ts,
+                    with_system_metrics,
+                    with_gpu_metrics,
+                )
+            )
+        except Exception:
+            warn.warning("log", "MetricsLogger.log() could not queue a point", exc_info=True)
+
+    @staticmethod
+    def process_value(value: Any) -> Any:
+        """The seed's list treatment: a list of numbers becomes its mean/min/max/median."""
+        if isinstance(value, list | tuple) and value:
+            return list_stats([float(v) for v in value])
+        return value
+
+    def watch(self, channel: Channel) -> None:
+        """Also write another channel's counters (e.g. a Loki handler's) as self-metrics."""
+        if self._channel is not None and channel not in self._sink.watched:
+            self._sink.watched.append(channel)
+
+    @property
+    def channel(self) -> Channel | None:
+        return self._channel
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: queued, sent, batches, retries, dropped (and by reason), pending, last error."""
+        return self._channel.stats() if self._channel else {}
+
+    def flush(self, timeout: float = 5.0) -> int:
+        """Deliver everything queued so far, waiting at most `timeout` s; return how many are left."""
+        return self._channel.flush(timeout) if self._channel else 0
+
+    def close(self, timeout: float = 5.0) -> int:
+        """Flush within `timeout` s and stop; what is left is counted as dropped (`shutdown`)."""
+        return self._channel.close(timeout) if self._channel else 0
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,565 @@
+"""The shipping engine shared by metrics and logs.
+
+One background sender thread per process drains every channel. A channel is one
+destination (an InfluxDB write URL, a Loki push URL) with its own bounded buffer,
+batches and counters. Callers only append to a deque: they never touch the
+network, never wait on a lock held across I/O and never see an exception.
+
+Buffer policy: **drop oldest**. When a bound is reached the oldest data makes room
+for the newest (after an outage the recent state of the node matters most), and
+every dropped record is counted under `buffer_full`.
+
+Bounds: at most `max_items` records wait to be encoded, and at most `max_items`
+encoded items / `max_bytes` encoded bytes wait to be sent.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import itertools
+import os
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from telemetry_client.retry import backoff_delay, parse_retry_after
+from telemetry_client.self_log import warn
+from telemetry_client.transport import HttpTransport, Response, TransportError
+
+# An encoded unit ready to send: (payload, size in bytes, accounting key such as a
+# measurement name or a stream).
+Item = tuple[Any, int, str]
+
+RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+DEFAULT_EXIT_TIMEOUT = 3.0
+
+
+@dataclass(frozen=True)
+class BufferSettings:
+    """Bounds, batching and retry settings of one channel."""
+
+    max_items: int = 200_000
+    max_bytes: int = 64 * 1024 * 1024
+    batch_items: int = 5_000
+    batch_bytes: int = 1024 * 1024
+    flush_interval: float = 1.0  # a partial batch is sent once it is this old (seconds)
+    max_age: float | None = None  # buffered data older than this is expired (None: never)
+    retry_base: float = 0.5
+    retry_cap: float = 30.0
+    max_retry_after: float = 300.0  # a longer Retry-After is capped to this
+
+    def __post_init__(self) -> None:
+        for name in ("max_items", "max_bytes", "batch_items", "batch_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"BufferSettings.{name} must be at least 1, got {getattr(self, name)}")
+        if self.batch_items > self.max_items or self.batch_bytes > self.max_bytes:
+            raise ValueError("BufferSettings: a batch must fit in the buffer (batch_* <= max_*)")
+        if self.flush_interval <= 0:
+            raise ValueError(f"BufferSettings.flush_interval must be > 0, got {self.flush_interval}")
+        if self.max_age is not None and self.max_age <= 0:
+            raise ValueError(f"BufferSettings.max_age must be > 0 or None, got {self.max_age}")
+        if self.retry_base <= 0 or self.retry_cap < self.retry_base:
+            raise ValueError("BufferSettings: need 0 < retry_base <= retry_cap")
+
+
+class Sink(Protocol):
+    """What a destination provides to the engine: encoding and the request body."""
+
+    name: str
+    transport: HttpTransport
+
+    def encode(self, record: Any, emit: Callable[[Item], None], drop: Callable[[str, int], None]) -> None:
+        """Turn one caller record into zero or more items (call `emit`), counting drops (`drop`)."""
+
+    def build_body(self, items: Sequence[Item]) -> bytes:
+        """The uncompressed request body for a batch."""
+
+    def on_rejected(self, items: Sequence[Item], response: Response) -> list[Item] | None:
+        """After a non-retryable 4xx: the items worth resending (e.g. without the offending ones), or None."""
+
+    def on_idle(self, now: float) -> None:
+        """Called on the sender thread at every wake-up; for periodic work such as self-metrics."""
+
+
+class Counter:
+    """A thread-safe counter that callers bump without a lock (itertools.count is atomic in CPython)."""
+
+    def __init__(self) -> None:
+        self._count = itertools.count()
+
+    def add(self) -> None:
+        next(self._count)
+
+    @property
+    def value(self) -> int:
+        return self._count.__reduce__()[1][0]
+
+
+@dataclass
+class _Batch:
+    items: list[Item] = field(default_factory=list)
+    nbytes: int = 0
+    created: float = 0.0  # monotonic time of its first item
+
+
+class Channel:
+    """One destination's buffer, batches, retry state and counters."""
+
+    def __init__(self, sink: Sink, settings: BufferSettings | None = None) -> None:
+        self.sink = sink
+        self.settings = settings or BufferSettings()
+        self._engine = get_engine()
+        self._reset_state()
+        self._engine.register(self)
+
+    def _reset_state(self) -> None:
+        """Fresh buffers, locks and counters (at construction and in a forked child)."""
+        self._intake: deque[Any] = deque()
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._partial = _Batch()
+        self._backlog: deque[_Batch] = deque()
+        self._backlog_items = 0
+        self._backlog_bytes = 0
+        self._attempt = 0
+        self._next_attempt = 0.0
+        self._closed = False
+        self._flush_requested = False
+        self._rng = jitter_rng()
+        self._intake_drops = Counter()
+        self._sampled_out = Counter()
+        self.drained = 0
+        self.sent = 0
+        self.batches = 0
+        self.bytes_sent = 0
+        self.retries = 0
+        self.dropped: dict[str, int] = {}
+        self.sent_by_key: dict[str, int] = {}
+        self.last_error: str | None = None
+        self.last_error_time: float | None = None
+        self.sink.transport.reset()
+
+    # ---- caller side: cheap, never blocks on I/O, never raises ------------------
+
+    def submit(self, record: Any) -> None:
+        """Queue one record for the sender thread."""
+        intake = self._intake
+        if len(intake) >= self.settings.max_items:
+            with contextlib.suppress(IndexError):
+                intake.popleft()
+            self._intake_drops.add()
+        intake.append(record)
+        engine = self._engine
+        if not engine.running:
+            engine.start()
+        if len(intake) >= self.settings.batch_items and not engine.wake.is_set():
+            engine.wake.set()
+
+    def count_sampled_out(self) -> None:
+        """Count a record that `sample_rate` chose not to keep."""
+        self._sampled_out.add()
+
+    # ---- sender side -----------------------------------------------------------
+
+    def _drop(self, reason: str, count: int = 1) -> None:
+        """Count `count` records dropped for `reason` (sender thread, or with the lock held)."""
+        if count:
+            self.dropped[reason] = self.dropped.get(reason, 0) + count
+
+    def _emit(self, item: Item) -> None:
+        batch = self._partial
+        if not batch.items:
+            batch.created = time.monotonic()
+        batch.items.append(item)
+        batch.nbytes += item[1]
+        if len(batch.items) >= self.settings.batch_items or batch.nbytes >= self.settings.batch_bytes:
+            self._seal_partial()
+
+    def _seal_partial(self) -> None:
+        batch = self._partial
+        if not batch.items:
+            return
+        self._partial = _Batch()
+        self._backlog.append(batch)
+        self._backlog_items += len(batch.items)
+        self._backlog_bytes += batch.nbytes
+
+    def _pop_oldest(self) -> _Batch:
+        batch = self._backlog.popleft()
+        self._backlog_items -= len(batch.items)
+        self._backlog_bytes -= batch.nbytes
+        return batch
+
+    def _encode_intake(self) -> None:
+        intake = self._intake
+        encode, emit, drop = self.sink.encode, self._emit, self._drop
+        while intake:
+            try:
+                record = intake.popleft()
+            except IndexError:
+                break
+            self.drained += 1
+            try:
+                encode(record, emit, drop)
+            except Exception:
+                drop("encode_error")
+                warn.warning(f"{self.sink.name}:encode", "%s: could not encode a record", self.sink.name, exc_info=True)
+
+    def _enforce_bounds(self, now: float) -> None:
+        s = self.settings
+        while self._backlog and (self._backlog_items > s.max_items or self._backlog_bytes > s.max_bytes):
+            lost = self._pop_oldest()
+            self._drop("buffer_full", len(lost.items))
+            self._attempt = 0
+            warn.warning(
+                f"{self.sink.name}:full",
+                "%s: buffer full (%d items, %d bytes): dropped the oldest %d items",
+                self.sink.name,
+                s.max_items,
+                s.max_bytes,
+                len(lost.items),
+            )
+        if s.max_age is not None:
+            while self._backlog and now - self._backlog[0].created > s.max_age:
+                self._drop("expired", len(self._pop_oldest().items))
+                self._attempt = 0
+
+    def pump(self, now: float, deadline: float | None) -> float:
+        """Encode, batch and send what is due; return seconds until this channel next needs a wake-up."""
+        with self._lock:
+            self._encode_intake()
+            partial = self._partial
+            if partial.items and (self._flush_requested or now - partial.created >= self.settings.flush_interval):
+                self._seal_partial()
+            self._enforce_bounds(now)
+            self._changed.notify_all()
+        sent_any = self._send_due(deadline)
+        with self._lock:
+            self._changed.notify_all()
+            if self._intake:
+                return 0.0
+            waits = []
+            if self._partial.items:
+                waits.append(self._partial.created + self.settings.flush_interval - time.monotonic())
+            if self._backlog:
+                waits.append(0.0 if sent_any else self._next_attempt - time.monotonic())
+            return max(0.0, min(waits)) if waits else self.settings.flush_interval
+
+    def _send_due(self, deadline: float | None) -> bool:
+        """Send backlog batches while the server takes them; at most ~0.25 s per call for fairness."""
+        started = time.monotonic()
+        sent_any = False
+        while True:
+            now = time.monotonic()
+            with self._lock:
+                if not self._backlog or now < self._next_attempt or now - started > 0.25:
+                    return sent_any
+                batch = self._backlog[0]
+            if not self._send(batch, deadline):
+                return sent_any
+            sent_any = True
+
+    def _send(self, batch: _Batch, deadline: float | None) -> bool:
+        """One attempt at the oldest batch. True when it left the backlog (sent or dropped)."""
+        transport = self.sink.transport
+        try:
+            body = transport.encode_body(self.sink.build_body(batch.items))
+        except Exception:
+            with self._lock:
+                if self._backlog and self._backlog[0] is batch:
+                    self._drop("encode_error", len(self._pop_oldest().items))
+            warn.warning(f"{self.sink.name}:body", "%s: could not build a request", self.sink.name, exc_info=True)
+            return True
+        cap = None if deadline is None else deadline - time.monotonic()
+        try:
+            response: Response | None = transport.post(body, timeout_cap=cap)
+            error = None
+        except TransportError as exc:
+            response, error = None, str(exc)
+        with self._lock:
+            if not self._backlog or self._backlog[0] is not batch:
+                return True  # dropped by the bounds while in flight
+            if response is not None and 200 <= response.status < 300:
+                self._pop_oldest()
+                self._delivered(batch.items, len(body))
+                return True
+            if response is not None and response.status not in RETRYABLE_STATUS:
+                return self._rejected(batch, response)
+            self._schedule_retry(response, error)
+            return False
+
+    def _delivered(self, items: Sequence[Item], nbytes: int) -> None:
+        self.sent += len(items)
+        self.batches += 1
+        self.bytes_sent += nbytes
+        by_key = self.sent_by_key
+        for item in items:
+            key = item[2]
+            by_key[key] = by_key.get(key, 0) + 1
+        self._attempt = 0
+        self._next_attempt = 0.0
+
+    def _rejected(self, batch: _Batch, response: Response) -> bool:
+        message = response.body[:500].decode("utf-8", "replace").strip()
+        self.last_error = f"HTTP {response.status}: {message}"
+        self.last_error_time = time.time()
+        warn.warning(
+            f"{self.sink.name}:rejected:{response.status}",
+            "%s: server rejected a batch of %d items (HTTP %d, not retried): %s",
+            self.sink.name,
+            len(batch.items),
+            response.status,
+            message,
+        )
+        retry_items = None
+        try:
+            retry_items = self.sink.on_rejected(batch.items, response)
+        except Exception:
+            warn.warning(f"{self.sink.name}:on_rejected", "%s: on_rejected failed", self.sink.name, exc_info=True)
+        self._pop_oldest()
+        if retry_items and len(retry_items) < len(batch.items):
+            self._drop("rejected", len(batch.items) - len(retry_items))
+            kept = _Batch(list(retry_items), sum(i[1] for i in retry_items), batch.created)
+            self._backlog.appendleft(kept)
+            self._backlog_items += len(kept.items)
+            self._backlog_bytes += kept.nbytes
+        else:
+            self._drop("rejected", len(batch.items))
+        return True
+
+    def _schedule_retry(self, response: Response | None, error: str | None) -> None:
+        s = self.settings
+        self._attempt += 1
+        self.retries += 1
+        delay = backoff_delay(self._attempt, s.retry_base, s.retry_cap, self._rng)
+        if response is not None:
+            error = f"HTTP {response.status}: {response.body[:200].decode('utf-8', 'replace').strip()}"
+            retry_after = parse_retry_after(response.retry_after)
+            if retry_after is not None:
+                delay = max(delay, min(retry_after, s.max_retry_after))
+        self.last_error = error
+        self.last_error_time = time.time()
+        self._next_attempt = time.monotonic() + delay
+        warn.warning(
+            f"{self.sink.name}:retry",
+            "%s: delivery failed (%s); %d items buffered, retrying in %.1fs",
+            self.sink.name,
+            error,
+            self._backlog_items,
+            delay,
+        )
+
+    # ---- flush, close, stats -----------------------------------------------------
+
+    def pending(self) -> int:
+        """Records and items not yet delivered or dropped."""
+        return len(self._intake) + len(self._partial.items) + self._backlog_items
+
+    def flush(self, timeout: float = 5.0) -> int:
+        """Send everything buffered, waiting at most `timeout` seconds; return what is left."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        if not self.pending():
+            return 0
+        self._engine.start()
+        with self._lock:
+            self._flush_requested = True
+        self._engine.flush_until(deadline)
+        try:
+            with self._lock:
+                while self.pending():
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._engine.wake.set()
+                    self._changed.wait(min(remaining, 0.1))
+                return self.pending()
+        finally:
+            with self._lock:
+                self._flush_requested = False
+
+    def close(self, timeout: float = 5.0) -> int:
+        """Flush within `timeout`, then stop; what is left is counted as dropped (`shutdown`)."""
+        if self._closed:
+            return 0
+        left = self.flush(timeout)
+        with self._lock:
+            self._closed = True
+            self._drop("shutdown", self.pending())
+            self._intake.clear()
+            self._partial = _Batch()
+            self._backlog.clear()
+            self._backlog_items = self._backlog_bytes = 0
+        self._engine.unregister(self)
+        if left:
+            warn.warning(
+                f"{self.sink.name}:close",
+                "%s: closed with %d items undelivered (%s)",
+                self.sink.name,
+                left,
+                self.last_error or "deadline reached",
+            )
+        return left
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def stats(self) -> dict[str, Any]:
+        """A snapshot of the counters (see the `telemetry_client` measurement in the catalog)."""
+        with self._lock:
+            dropped = dict(self.dropped)
+            intake_drops = self._intake_drops.value
+            if intake_drops:
+                dropped["buffer_full"] = dropped.get("buffer_full", 0) + intake_drops
+            sampled = self._sampled_out.value
+            if sampled:
+                dropped["sampled_out"] = sampled
+            intake = len(self._intake)
+            return {
+                "sink": self.sink.name,
+                "queued": self.drained + intake + intake_drops,
+                "sent": self.sent,
+                "batches": self.batches,
+                "retries": self.retries,
+                "bytes_sent": self.bytes_sent,
+                "pending": intake + len(self._partial.items) + self._backlog_items,
+                "pending_bytes": self._backlog_bytes + self._partial.nbytes,
+                "dropped": sum(dropped.values()),
+                "dropped_by_reason": dropped,
+                "sent_by_key": dict(self.sent_by_key),
+                "last_error": self.last_error,
+                "last_error_time": self.last_error_time,
+            }
+
+
+class Engine:
+    """The process's one sender thread and the channels it drains."""
+
+    def __init__(self) -> None:
+        self.channels: list[Channel] = []
+        self.wake = threading.Event()
+        self.running = False
+        self._start_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._flush_deadline: float | None = None
+        self._pid = os.getpid()
+
+    def register(self, channel: Channel) -> None:
+        self.channels = [*self.channels, channel]
+
+    def unregister(self, channel: Channel) -> None:
+        self.channels = [c for c in self.channels if c is not channel]
+
+    def start(self) -> None:
+        """Start the sender thread if it is not running (lazily, on first use)."""
+        if self.running:
+            return
+        with self._start_lock:
+            if self.running:
+                return
+            self._thread = threading.Thread(target=self._run, name="telemetry-sender", daemon=True)
+            self.running = True
+            self._thread.start()
+
+    def flush_until(self, deadline: float) -> None:
+        """Bound the timeouts of requests made while someone waits on a flush."""
+        self._flush_deadline = deadline
+        self.wake.set()
+
+    def is_sender_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def _run(self) -> None:
+        while True:
+            self.wake.clear()
+            deadline = self._flush_deadline
+            if deadline is not None and time.monotonic() > deadline:
+                self._flush_deadline = deadline = None
+            timeout = 1.0
+            for channel in self.channels:
+                try:
+                    timeout = min(timeout, channel.pump(time.monotonic(), deadline))
+                    channel.sink.on_idle(time.monotonic())
+                except Exception:
+                    warn.warning("engine", "telemetry sender: unexpected error", exc_info=True)
+            if timeout > 0:
+                self.wake.wait(timeout)
+
+    def close_all(self, timeout: float) -> None:
+        """Close every channel within one overall deadline (the atexit hook)."""
+        deadline = time.monotonic() + timeout
+        channels = list(self.channels)
+        for channel in channels:
+            with channel._lock:
+                channel._flush_requested = True
+        if channels:
+            self.flush_until(deadline)
+        for channel in channels:
+            channel.close(max(0.0, deadline - time.monotonic()))
+
+    def after_fork_in_child(self) -> None:
+        """A child gets a fresh engine: empty buffers, no thread, new sockets. Nothing is sent twice."""
+        self.wake = threading.Event()
+        self.running = False
+        self._start_lock = threading.Lock()
+        self._thread = None
+        self._flush_deadline = None
+        self._pid = os.getpid()
+        for channel in self.channels:
+            channel._reset_state()
+
+
+_engine: Engine | None = None
+_engine_lock = threading.Lock()
+
+
+def get_engine() -> Engine:
+    """The process's engine, created on first use (with its atexit and fork hooks)."""
+    global _engine
+    if _engine is None:
+        with _engine_lock:
+            if _engine is None:
+                engine = Engine()
+                atexit.register(_at_exit)
+                os.register_at_fork(after_in_child=_after_fork_in_child)
+                _engine = engine
+    return _engine
+
+
+def exit_timeout() -> float:
+    """Seconds the atexit hook waits for delivery: TELEMETRY_EXIT_TIMEOUT, default 3."""
+    raw = os.environ.get("TELEMETRY_EXIT_TIMEOUT", "")
+    try:
+        return max(0.0, float(raw)) if raw else DEFAULT_EXIT_TIMEOUT
+    except ValueError:
+        return DEFAULT_EXIT_TIMEOUT
+
+
+def _at_exit() -> None:
+    if _engine is not None and _engine.channels and _engine._pid == os.getpid():
+        _engine.close_all(exit_timeout())
+
+
+def _after_fork_in_child() -> None:
+    if _engine is not None:
+        _engine.after_fork_in_child()
+
+
+def total_stats(channels: Iterable[Channel]) -> dict[str, int]:
+    """Sum the numeric counters of several channels (e.g. a whole simulated fleet)."""
+    totals: dict[str, int] = {}
+    for channel in channels:
+        for key, value in channel.stats().items():
+            if isinstance(value, int):
+                totals[key] = totals.get(key, 0) + value
+    return totals
+
+
+def jitter_rng() -> random.Random:
+    """A separate RNG so that seeding the global one (simulations do) cannot align retries."""
+    return random.Random(os.urandom(8))

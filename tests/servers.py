@@ -1,0 +1,178 @@
+"""Throwaway real servers on loopback for the tests: InfluxDB 1.6.7 and VictoriaMetrics.
+
+Each server runs from a temporary directory on free ports and is stopped at the end.
+When a binary is missing the caller skips, except under CI=true where it fails:
+a skipped test must never stand in for one that could have run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+
+def free_port() -> int:
+    """Ask the kernel for a free loopback port."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def require_binary(name: str) -> str:
+    """Path of `name`; skip without it, or fail when CI=true."""
+    path = shutil.which(name)
+    if path:
+        return path
+    message = f"{name} is not installed (Debian package: see .ci/run)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{message}; CI must run this test")
+    pytest.skip(message)
+    raise AssertionError("unreachable")
+
+
+def _wait_until_up(url: str, process: subprocess.Popen, log: Path, deadline_s: float = 30) -> None:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}: {log.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                if response.status < 300:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            time.sleep(0.1)
+    raise RuntimeError(f"server not up at {url} after {deadline_s}s: {log.read_text()[-2000:]}")
+
+
+@contextmanager
+def _running(argv: list[str], ready_url: str, workdir: Path) -> Iterator[None]:
+    log = workdir / "server.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=workdir)
+    try:
+        _wait_until_up(ready_url, process, log)
+        yield
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@dataclass
+class InfluxV1:
+    """A running InfluxDB 1.x server."""
+
+    url: str
+
+    def query(self, q: str, database: str | None = None, epoch: str = "ns") -> dict:
+        """Run InfluxQL through /query and return the decoded JSON."""
+        import json
+
+        params = {"q": q, "epoch": epoch}
+        if database:
+            params["db"] = database
+        data = urllib.parse.urlencode(params).encode()
+        with urllib.request.urlopen(f"{self.url}/query", data=data, timeout=30) as response:
+            return json.loads(response.read())
+
+    def create_database(self, name: str) -> None:
+        result = self.query(f'CREATE DATABASE "{name}"')
+        assert "error" not in result["results"][0], result
+
+    def rows(self, q: str, database: str) -> list[dict]:
+        """Rows of the first statement as dicts (column name to value), all series together."""
+        result = self.query(q, database)["results"][0]
+        if "error" in result:
+            raise RuntimeError(result["error"])
+        rows = []
+        for series in result.get("series", []):
+            for values in series["values"]:
+                row = dict(zip(series["columns"], values, strict=True))
+                row.update(series.get("tags", {}))
+                rows.append(row)
+        return rows
+
+
+@contextmanager
+def influxdb_v1() -> Iterator[InfluxV1]:
+    """Start influxd (Debian's InfluxDB 1.6.7) on free loopback ports."""
+    binary = require_binary("influxd")
+    with tempfile.TemporaryDirectory(prefix="influxd-") as tmp:
+        root = Path(tmp)
+        http_port, rpc_port = free_port(), free_port()
+        config = root / "influxdb.conf"
+        config.write_text(
+            f"""reporting-disabled = true
+bind-address = "127.0.0.1:{rpc_port}"
+[meta]
+  dir = "{root}/meta"
+[data]
+  dir = "{root}/data"
+  wal-dir = "{root}/wal"
+  query-log-enabled = false
+[monitor]
+  store-enabled = false
+[http]
+  bind-address = "127.0.0.1:{http_port}"
+  log-enabled = false
+  max-body-size = 0
+[continuous_queries]
+  enabled = false
+"""
+        )
+        url = f"http://127.0.0.1:{http_port}"
+        with _running([binary, "-config", str(config)], f"{url}/ping", root):
+            yield InfluxV1(url)
+
+
+@dataclass
+class VictoriaMetrics:
+    """A running VictoriaMetrics server (accepts InfluxDB's /api/v2/write)."""
+
+    url: str
+
+    def export(self, match: str) -> list[dict]:
+        """Series matching `match`, as exported by /api/v1/export (JSON lines)."""
+        import json
+
+        query = urllib.parse.urlencode({"match[]": match})
+        with urllib.request.urlopen(f"{self.url}/api/v1/export?{query}", timeout=30) as response:
+            return [json.loads(line) for line in response.read().splitlines() if line.strip()]
+
+    def flush(self) -> None:
+        """Make just-written samples searchable (VictoriaMetrics buffers them for ~1 s)."""
+        with urllib.request.urlopen(f"{self.url}/internal/force_flush", timeout=30):
+            pass
+
+
+@contextmanager
+def victoria_metrics() -> Iterator[VictoriaMetrics]:
+    """Start Debian's victoria-metrics on a free loopback port."""
+    binary = require_binary("victoria-metrics")
+    with tempfile.TemporaryDirectory(prefix="victoria-") as tmp:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        argv = [
+            binary,
+            f"-storageDataPath={tmp}/data",
+            f"-httpListenAddr=127.0.0.1:{port}",
+            "-search.latencyOffset=0s",
+        ]
+        with _running(argv, f"{url}/health", Path(tmp)):
+            yield VictoriaMetrics(url)
