@@ -451,6 +451,7 @@ class Engine:
 
     def register(self, channel: Channel) -> None:
         self.channels = [*self.channels, channel]
+        self.wake.set()  # the sender's current sleep was sized without this channel
 
     def unregister(self, channel: Channel) -> None:
         self.channels = [c for c in self.channels if c is not channel]

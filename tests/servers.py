@@ -155,6 +155,16 @@ class VictoriaMetrics:
         with urllib.request.urlopen(f"{self.url}/api/v1/export?{query}", timeout=30) as response:
             return [json.loads(line) for line in response.read().splitlines() if line.strip()]
 
+    def wait_for_series(self, match: str, count: int, timeout: float = 15.0) -> list[dict]:
+        """Poll the export until `count` series match (new series take a moment to become searchable)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.flush()
+            series = self.export(match)
+            if len(series) >= count or time.monotonic() > deadline:
+                return series
+            time.sleep(0.2)
+
     def flush(self) -> None:
         """Make just-written samples searchable (VictoriaMetrics buffers them for ~1 s)."""
         with urllib.request.urlopen(f"{self.url}/internal/force_flush", timeout=30):

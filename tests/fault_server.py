@@ -1,0 +1,100 @@
+"""A local HTTP write endpoint whose answers the test scripts: statuses, Retry-After, delays.
+
+It decodes what it accepts (gzip, line protocol) so tests can count every line
+that arrived and prove that nothing was lost or sent twice.
+"""
+
+from __future__ import annotations
+
+import gzip
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+@dataclass
+class Reply:
+    """One scripted answer: an HTTP status, optional Retry-After, optional delay before answering."""
+
+    status: int = 204
+    retry_after: str | None = None
+    delay: float = 0.0
+    body: bytes = b""
+
+
+@dataclass
+class FaultServer:
+    port: int
+    script: deque[Reply] = field(default_factory=deque)
+    lines: list[bytes] = field(default_factory=list)
+    requests: list[int] = field(default_factory=list)  # status answered, in order
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def then(self, *replies: Reply) -> None:
+        """Answer the next requests with `replies`, in order; afterwards 204."""
+        with self.lock:
+            self.script.extend(replies)
+
+    def wait_for_lines(self, count: int, timeout: float = 20.0) -> list[bytes]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if len(self.lines) >= count:
+                    return list(self.lines)
+            time.sleep(0.02)
+        with self.lock:
+            return list(self.lines)
+
+
+def _handler(state: FaultServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802 (http.server naming)
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            with state.lock:
+                reply = state.script.popleft() if state.script else Reply()
+            if reply.delay:
+                time.sleep(reply.delay)
+            if reply.status < 300:
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                with state.lock:
+                    state.lines.extend(line for line in body.split(b"\n") if line)
+            with state.lock:
+                state.requests.append(reply.status)
+            self.send_response(reply.status)
+            if reply.retry_after is not None:
+                self.send_header("Retry-After", reply.retry_after)
+            self.send_header("Content-Length", str(len(reply.body)))
+            self.end_headers()
+            self.wfile.write(reply.body)
+
+    return Handler
+
+
+@contextmanager
+def fault_server(port: int = 0) -> Iterator[FaultServer]:
+    """Serve on 127.0.0.1:`port` (0: any free port) until the block ends."""
+    state = FaultServer(port)
+    server = ThreadingHTTPServer(("127.0.0.1", port), _handler(state))
+    server.daemon_threads = True
+    state.port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()

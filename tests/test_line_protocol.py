@@ -1,0 +1,61 @@
+"""The fast encoder writes exactly what influxdb_client's Point writes, for every input it accepts."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from influxdb_client import Point
+
+from telemetry_client import line_protocol as lp
+
+# Text with the characters line protocol treats specially, plus unicode.
+tricky_text = st.text(
+    alphabet=st.sampled_from(list(',= "\'\\\n\t\r#_abcXYZ019é漢🚀\x01')) | st.characters(),
+    min_size=1,
+    max_size=20,
+)
+numbers = st.floats(allow_nan=True, allow_infinity=True) | st.integers(-(2**60), 2**60).map(float)
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    measurement=tricky_text,
+    tags=st.dictionaries(tricky_text, tricky_text, max_size=5),
+    fields=st.dictionaries(tricky_text, numbers | tricky_text, min_size=1, max_size=6),
+    timestamp=st.integers(0, 2**62),
+)
+def test_encoder_matches_point_on_everything_it_accepts(measurement, tags, fields, timestamp):
+    accepted = (
+        lp.valid_measurement(measurement)
+        and all(lp.valid_key(k) and lp.valid_name(v) for k, v in tags.items())
+        and all(lp.valid_key(k) for k in fields)
+    )
+    finite = {k: v for k, v in fields.items() if isinstance(v, str) or math.isfinite(v)}
+    if not accepted or not finite:
+        return
+    point = Point(measurement).time(timestamp)
+    for key, value in tags.items():
+        point.tag(key, value)
+    for key, value in finite.items():
+        point.field(key, value)
+    assert lp.encode_line(measurement, tags, finite, timestamp) == point.to_line_protocol()
+
+
+def test_refuses_what_influxdb_cannot_store_exactly():
+    for bad in ("", "a\nb", "a\tb", "a\rb", "trailing\\", "back\\slash"):
+        assert not lp.valid_name(bad), bad
+    assert not lp.valid_key("time")
+    assert not lp.valid_key("_measurement")
+    assert not lp.valid_measurement("#comment")
+    assert lp.valid_measurement("has space, comma=equals")
+    assert not lp.valid_name(42)
+
+
+def test_format_float_matches_point_rules():
+    assert lp.format_float(1.0) == "1"
+    assert lp.format_float(0.5) == "0.5"
+    assert lp.format_float(1e20) == "1e+20"
+    assert lp.format_float(5e-324) == "5e-324"
+    assert lp.format_field('say "hi" \\o/') == '"say \\"hi\\" \\\\o/"'

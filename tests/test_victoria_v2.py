@@ -1,0 +1,27 @@
+"""The InfluxDB v2 write path (/api/v2/write, token) delivers to a real server that implements it."""
+
+from __future__ import annotations
+
+import time
+
+from telemetry_client.metrics import MetricsLogger
+from telemetry_client.shipping import BufferSettings
+
+
+def test_v2_write_path_delivers(victoria_server):
+    logger = MetricsLogger(
+        url=victoria_server.url, token="test-token-not-secret", org="o", database="b", uid=3, role="validator",
+        buffer=BufferSettings(flush_interval=0.05), self_metrics_interval=None,
+    )
+    now = time.time_ns()
+    for step in range(50):
+        logger.log("v2check", fields={"loss": step / 10, "window": step}, timestamp=now + step * 1_000_000)
+    assert logger.flush(10) == 0
+    assert logger.stats()["sent"] == 50
+    exported = victoria_server.wait_for_series('{__name__=~"v2check_.*"}', 2)
+    series = {s["metric"]["__name__"]: s for s in exported}
+    assert set(series) == {"v2check_loss", "v2check_window"}
+    assert series["v2check_loss"]["metric"]["uid"] == "3"
+    assert series["v2check_loss"]["metric"]["role"] == "validator"
+    assert sorted(series["v2check_loss"]["values"]) == [step / 10 for step in range(50)]
+    logger.close(1)
