@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from servers import InfluxV1, VictoriaMetrics, influxdb_v1, victoria_metrics  # noqa: E402
+from servers import InfluxV1, VictoriaMetrics, influxdb_v1, victoria_metrics
 
 
 @pytest.fixture(scope="session")

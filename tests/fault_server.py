@@ -61,7 +61,7 @@ def _handler(state: FaultServer) -> type[BaseHTTPRequestHandler]:
         def log_message(self, *args: object) -> None:
             pass
 
-        def do_POST(self) -> None:  # noqa: N802 (http.server naming)
+        def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
             with state.lock:
                 reply = state.script.popleft() if state.script else Reply()
