@@ -1,0 +1,1 @@
+"""A fleet of simulated training nodes that exercises telemetry_client and the dashboards."""

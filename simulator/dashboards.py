@@ -1,0 +1,535 @@
+"""Read the provisioned Grafana dashboards and turn their queries into what Grafana sends.
+
+The simulator and the tests run every panel's own query against real servers, so
+they need the same text Grafana would send: dashboards loaded from grafana/, each
+panel target and template-variable query with its data source type, and Grafana's
+macros and template variables filled in, for InfluxQL and for LogQL.
+
+The interpolation follows Grafana's rules for these two data sources: a variable
+that is multi-valued or has "All" is regex-escaped and joined as ``(a|b)``, "All"
+becomes the variable's ``allValue``; a single-valued variable is inserted as is.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+GRAFANA_DIR = REPO_ROOT / "grafana"
+DASHBOARDS_DIR = GRAFANA_DIR / "dashboards"
+DATASOURCES_DIR = GRAFANA_DIR / "provisioning" / "datasources"
+
+ALL = "$__all"
+
+# Stream labels the Loki logging handler sets, and the keys of its JSON line body
+# (reached with `| json`). Everything else about a line is in the body.
+LOKI_STREAM_LABELS: frozenset[str] = frozenset(
+    {"service", "environment", "host", "level", "uid", "role", "version"}
+)
+LOKI_BODY_KEYS: frozenset[str] = frozenset(
+    {"message", "logger", "level", "pid", "thread", "window", "step", "peer", "trace_id",
+     "exception"}
+)
+
+# A variable's chosen value: one value, several values, or None for "All".
+VariableValue = str | Sequence[str] | None
+Dashboard = dict[str, Any]
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_dashboards(directory: Path = DASHBOARDS_DIR) -> list[Dashboard]:
+    """Every dashboard JSON of `directory`, sorted by file name."""
+    dashboards = []
+    for path in sorted(directory.glob("*.json")):
+        dashboard = json.loads(path.read_text(encoding="utf-8"))
+        dashboard.setdefault("_file", path.name)
+        dashboards.append(dashboard)
+    return dashboards
+
+
+def load_datasources(directory: Path = DATASOURCES_DIR) -> dict[str, str]:
+    """Provisioned data sources: uid to type (influxdb, loki, ...)."""
+    import yaml
+
+    found: dict[str, str] = {}
+    for path in sorted([*directory.glob("*.yml"), *directory.glob("*.yaml")]):
+        document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        for source in document.get("datasources") or []:
+            found[source["uid"]] = source["type"]
+    return found
+
+
+def iter_panels(dashboard: Dashboard) -> Iterator[dict[str, Any]]:
+    """Every panel, including those nested in collapsed rows; rows themselves too."""
+    for panel in dashboard.get("panels", []):
+        yield panel
+        yield from panel.get("panels", [])
+
+
+@dataclass(frozen=True)
+class Query:
+    """One query of a dashboard: a panel target or a template variable's query."""
+
+    dashboard_uid: str
+    dashboard_title: str
+    source: str  # "panel" or "variable"
+    name: str  # the panel title, or the variable name
+    panel_id: int | None
+    ref_id: str
+    datasource_type: str
+    datasource_uid: str
+    text: str  # InfluxQL or LogQL as written in the dashboard, before interpolation
+    instant: bool = False
+    table: bool = False
+
+    @property
+    def where(self) -> str:
+        """Where a reader finds this query, for messages."""
+        what = f"panel {self.panel_id} {self.name!r}" if self.panel_id else f"${self.name}"
+        return f"{self.dashboard_uid}: {what} {self.ref_id}".strip()
+
+
+def _datasource(ref: Any, fallback: Any, datasources: Mapping[str, str]) -> tuple[str, str]:
+    ref = ref if ref not in (None, "") else fallback
+    if isinstance(ref, dict):
+        uid = str(ref.get("uid", ""))
+        return str(ref.get("type") or datasources.get(uid, "")), uid
+    uid = str(ref or "")
+    return datasources.get(uid, ""), uid
+
+
+def _target_text(target: Mapping[str, Any]) -> str:
+    return str(target.get("query") or target.get("expr") or "")
+
+
+def panel_queries(dashboard: Dashboard,
+                  datasources: Mapping[str, str] | None = None) -> Iterator[Query]:
+    """Each target of each panel, with the data source it resolves to."""
+    datasources = datasources or {}
+    for panel in iter_panels(dashboard):
+        for target in panel.get("targets", []):
+            ds_type, ds_uid = _datasource(target.get("datasource"), panel.get("datasource"),
+                                          datasources)
+            yield Query(
+                dashboard_uid=dashboard["uid"],
+                dashboard_title=dashboard.get("title", ""),
+                source="panel",
+                name=panel.get("title", ""),
+                panel_id=panel.get("id"),
+                ref_id=target.get("refId", ""),
+                datasource_type=ds_type,
+                datasource_uid=ds_uid,
+                text=_target_text(target),
+                instant=target.get("queryType") == "instant" or bool(target.get("instant")),
+                table=target.get("resultFormat") == "table",
+            )
+
+
+def variable_query_text(variable: Mapping[str, Any]) -> str:
+    """A query variable's query as text (Loki's label_values form for Loki objects)."""
+    query = variable.get("query")
+    if isinstance(query, dict):
+        if "label" in query:
+            stream = query.get("stream") or ""
+            label = query["label"]
+            return f"label_values({stream}, {label})" if stream else f"label_values({label})"
+        return str(query.get("query") or query.get("expr") or "")
+    return str(query or "")
+
+
+def variable_queries(dashboard: Dashboard,
+                     datasources: Mapping[str, str] | None = None) -> Iterator[Query]:
+    """The query of each template variable of type "query"."""
+    datasources = datasources or {}
+    for variable in dashboard.get("templating", {}).get("list", []):
+        if variable.get("type") != "query":
+            continue
+        ds_type, ds_uid = _datasource(variable.get("datasource"), None, datasources)
+        yield Query(
+            dashboard_uid=dashboard["uid"],
+            dashboard_title=dashboard.get("title", ""),
+            source="variable",
+            name=variable["name"],
+            panel_id=None,
+            ref_id="",
+            datasource_type=ds_type,
+            datasource_uid=ds_uid,
+            text=variable_query_text(variable),
+        )
+
+
+def iter_queries(dashboards: Iterable[Dashboard],
+                 datasources: Mapping[str, str] | None = None) -> Iterator[Query]:
+    """Variable queries, then panel queries, of every dashboard."""
+    for dashboard in dashboards:
+        yield from variable_queries(dashboard, datasources)
+        yield from panel_queries(dashboard, datasources)
+
+
+def variables_of(dashboard: Dashboard) -> dict[str, dict[str, Any]]:
+    """The dashboard's template variables by name."""
+    return {v["name"]: v for v in dashboard.get("templating", {}).get("list", [])}
+
+
+def all_selected(dashboard: Dashboard) -> dict[str, VariableValue]:
+    """Every variable at its default: "All" for query variables, empty text boxes."""
+    values: dict[str, VariableValue] = {}
+    for name, variable in variables_of(dashboard).items():
+        values[name] = None if variable.get("includeAll") else ""
+    return values
+
+
+# ---------------------------------------------------------------- time
+
+
+@dataclass(frozen=True)
+class TimeRange:
+    """The dashboard's time range."""
+
+    start: datetime
+    end: datetime
+
+    @classmethod
+    def last(cls, duration: timedelta, now: datetime | None = None) -> TimeRange:
+        end = now or datetime.now(UTC)
+        return cls(end - duration, end)
+
+    @property
+    def start_ms(self) -> int:
+        return int(self.start.timestamp() * 1000)
+
+    @property
+    def end_ms(self) -> int:
+        return int(self.end.timestamp() * 1000)
+
+    @property
+    def duration(self) -> timedelta:
+        return self.end - self.start
+
+
+_NICE_INTERVALS_S = (
+    1, 2, 5, 10, 15, 20, 30, 60, 120, 300, 600, 900, 1200, 1800, 3600, 7200, 10800,
+    21600, 43200, 86400, 604800,
+)
+
+
+def auto_interval(time_range: TimeRange, max_data_points: int = 1000,
+                  min_interval: timedelta = timedelta(seconds=10)) -> timedelta:
+    """Grafana's $__interval, approximately: range / points, rounded up to a nice step.
+
+    The lower bound is the InfluxDB data source's `timeInterval` (10s).
+    """
+    raw = time_range.duration.total_seconds() / max(1, max_data_points)
+    raw = max(raw, min_interval.total_seconds())
+    for step in _NICE_INTERVALS_S:
+        if step >= raw:
+            return timedelta(seconds=step)
+    return timedelta(seconds=_NICE_INTERVALS_S[-1])
+
+
+def format_duration(value: timedelta) -> str:
+    """A duration literal both InfluxQL and LogQL accept, e.g. 30s, 5m, 6h, 1d."""
+    ms = round(value.total_seconds() * 1000)
+    if ms <= 0:
+        raise ValueError(f"duration must be positive, not {value}")
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+# ---------------------------------------------------------------- interpolation
+
+_VARIABLE = re.compile(r"\$\{(\w+)(?::[\w-]+)?\}|\[\[(\w+)(?::[\w-]+)?\]\]|\$(\w+)")
+_INFLUX_REGEX = re.compile(r"(=~|!~)(\s*)/((?:\\.|[^/\\])*)/")
+_LOKI_STRING = re.compile(r'(=~|!~|\|~|!=|\|=|=)?(\s*)"((?:\\.|[^"\\])*)"')
+_INFLUX_SPECIAL = re.compile(r"([\\/^$.*+?()\[\]{}|])")
+_LOKI_SPECIAL = re.compile(r"([$^*{}\[\]+?.()|])")
+
+
+def _builtins_influxql(time_range: TimeRange, interval: timedelta) -> dict[str, str]:
+    time_filter = f"time >= {time_range.start_ms}ms and time <= {time_range.end_ms}ms"
+    return _common_builtins(time_range, interval) | {
+        "timeFilter": time_filter,
+        "__timeFilter": time_filter,
+    }
+
+
+def _common_builtins(time_range: TimeRange, interval: timedelta) -> dict[str, str]:
+    range_s = int(time_range.duration.total_seconds())
+    return {
+        "__interval_ms": str(int(interval.total_seconds() * 1000)),
+        "__interval": format_duration(interval),
+        "interval": format_duration(interval),
+        "__range_ms": str(range_s * 1000),
+        "__range_s": str(range_s),
+        "__range": format_duration(timedelta(seconds=max(1, range_s))),
+        "__from": str(time_range.start_ms),
+        "__to": str(time_range.end_ms),
+    }
+
+
+def _values(value: VariableValue) -> list[str] | None:
+    if value is None or value == ALL or (not isinstance(value, str) and ALL in value):
+        return None
+    if isinstance(value, str):
+        return [value]
+    return list(value)
+
+
+def _format(name: str, value: VariableValue, definition: Mapping[str, Any] | None,
+            regex: bool, escape: Any, raw: Any = None) -> str:
+    """Grafana's interpolation of one variable occurrence.
+
+    `escape` formats a value inside a regex, `raw` a value inserted as is (inside a
+    LogQL string it still escapes quotes and backslashes so the query stays valid).
+    """
+    raw = raw or (lambda text: text)
+    definition = definition or {"multi": True, "includeAll": True, "allValue": ".*"}
+    values = _values(value)
+    if values is None:
+        if not definition.get("includeAll"):
+            raise ValueError(f"${name} has no 'All' option")
+        all_value = definition.get("allValue")
+        if all_value:
+            return str(all_value)
+        options = [o["value"] for o in definition.get("options", []) if o.get("value") != ALL]
+        if not options:
+            raise ValueError(f"${name} is 'All' but has no allValue and no known options")
+        values = options
+    if not (definition.get("multi") or definition.get("includeAll")):
+        if len(values) != 1:
+            raise ValueError(f"${name} takes one value, not {values!r}")
+        return raw(values[0])
+    if not regex:
+        if len(values) != 1:
+            raise ValueError(f"${name} has several values outside a regex: {values!r}")
+        return raw(values[0])
+    escaped = [escape(v) for v in values]
+    return escaped[0] if len(escaped) == 1 else "(" + "|".join(escaped) + ")"
+
+
+def _substitute(text: str, builtins: Mapping[str, str], values: Mapping[str, VariableValue],
+                definitions: Mapping[str, Mapping[str, Any]], regex: bool, escape: Any,
+                raw: Any = None) -> str:
+    def replace(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2) or match.group(3)
+        if name in builtins:
+            return builtins[name]
+        if name in values:
+            return _format(name, values[name], definitions.get(name), regex, escape, raw)
+        raise KeyError(f"no value for ${name}")
+
+    return _VARIABLE.sub(replace, text)
+
+
+def _definitions(dashboard: Dashboard | None) -> dict[str, dict[str, Any]]:
+    return variables_of(dashboard) if dashboard else {}
+
+
+def influx_regex_escape(value: str) -> str:
+    """Escape a value for an InfluxQL /regex/ literal."""
+    return _INFLUX_SPECIAL.sub(r"\\\1", value)
+
+
+def loki_regex_escape(value: str) -> str:
+    """Escape a value for a regex inside a LogQL double-quoted string."""
+    value = value.replace("\\", "\\\\\\\\")
+    return _LOKI_SPECIAL.sub(lambda m: "\\\\" + m.group(1), value)
+
+
+def expand_influxql(query: str, time_range: TimeRange,
+                    values: Mapping[str, VariableValue] | None = None, *,
+                    dashboard: Dashboard | None = None,
+                    interval: timedelta | None = None) -> str:
+    """InfluxQL with $timeFilter, $__interval, $__range... and template variables filled in.
+
+    `values` maps variable names to their chosen value (None or "$__all" for All);
+    `dashboard` supplies the variables' definitions (multi, includeAll, allValue).
+    """
+    interval = interval or auto_interval(time_range)
+    builtins = _builtins_influxql(time_range, interval)
+    values = values or {}
+    definitions = _definitions(dashboard)
+    pieces: list[str] = []
+    last = 0
+    for match in _INFLUX_REGEX.finditer(query):
+        pieces.append(_substitute(query[last:match.start()], builtins, values, definitions,
+                                  False, influx_regex_escape))
+        body = _substitute(match.group(3), builtins, values, definitions, True,
+                           influx_regex_escape)
+        pieces.append(f"{match.group(1)}{match.group(2)}/{body}/")
+        last = match.end()
+    pieces.append(_substitute(query[last:], builtins, values, definitions, False,
+                              influx_regex_escape))
+    return "".join(pieces)
+
+
+def _loki_string_escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def expand_logql(query: str, time_range: TimeRange,
+                 values: Mapping[str, VariableValue] | None = None, *,
+                 dashboard: Dashboard | None = None,
+                 interval: timedelta | None = None) -> str:
+    """LogQL with $__auto, $__interval, $__range... and template variables filled in.
+
+    Inside a regex string (=~, !~, |~) several values become an escaped (a|b);
+    elsewhere a variable must have one value, inserted as is.
+    """
+    interval = interval or auto_interval(time_range)
+    builtins = _common_builtins(time_range, interval) | {"__auto": format_duration(interval)}
+    values = values or {}
+    definitions = _definitions(dashboard)
+    pieces: list[str] = []
+    last = 0
+    for match in _LOKI_STRING.finditer(query):
+        pieces.append(_substitute(query[last:match.start()], builtins, values, definitions,
+                                  False, loki_regex_escape))
+        operator = match.group(1) or ""
+        regex = operator in ("=~", "!~", "|~")
+        body = _substitute(match.group(3), builtins, values, definitions, regex,
+                           loki_regex_escape, _loki_string_escape)
+        pieces.append(f'{operator}{match.group(2)}"{body}"')
+        last = match.end()
+    pieces.append(_substitute(query[last:], builtins, values, definitions, False,
+                              loki_regex_escape))
+    return "".join(pieces)
+
+
+def expand(query: Query, time_range: TimeRange,
+           values: Mapping[str, VariableValue] | None = None, *,
+           dashboard: Dashboard | None = None, interval: timedelta | None = None) -> str:
+    """Interpolate `query` in its own data source's language."""
+    if query.datasource_type == "influxdb":
+        return expand_influxql(query.text, time_range, values, dashboard=dashboard,
+                               interval=interval)
+    if query.datasource_type == "loki":
+        return expand_logql(query.text, time_range, values, dashboard=dashboard,
+                            interval=interval)
+    raise ValueError(f"{query.where}: no interpolation for data source {query.datasource_type!r}")
+
+
+# ---------------------------------------------------------------- references
+
+_QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
+_SELECT_LIST = re.compile(r"\bSELECT\s+(.*?)\s+FROM\b", re.IGNORECASE | re.DOTALL)
+_FROM = re.compile(r'\bFROM\s+(\(|"((?:[^"\\]|\\.)*)"|\S+)', re.IGNORECASE)
+_ALIAS = re.compile(r'\bAS\s+"((?:[^"\\]|\\.)*)"', re.IGNORECASE)
+_COMPARED = re.compile(r'"((?:[^"\\]|\\.)*)"\s*(?:=~|!~|!=|<>|=)')
+_GROUP_BY = re.compile(
+    r'\bGROUP\s+BY\s+((?:time\([^)]*\)|"(?:[^"\\]|\\.)*"|[\s,])+)', re.IGNORECASE
+)
+_SHOW_KEY = re.compile(r'\bWITH\s+KEY\s*=\s*"((?:[^"\\]|\\.)*)"', re.IGNORECASE)
+_FUNCTIONS = frozenset(
+    {"mean", "median", "mode", "sum", "count", "min", "max", "first", "last", "spread",
+     "stddev", "percentile", "difference", "derivative", "non_negative_derivative",
+     "non_negative_difference", "moving_average", "cumulative_sum", "integral", "distinct",
+     "abs", "round", "floor", "ceil", "as"}
+)
+
+
+@dataclass(frozen=True)
+class InfluxReferences:
+    """What an InfluxQL query names: measurements, fields, tags and its own aliases."""
+
+    measurements: frozenset[str]
+    fields: frozenset[str]
+    tags: frozenset[str]
+    aliases: frozenset[str]
+    show_tag_keys: frozenset[str]
+    problems: tuple[str, ...]
+
+
+def influxql_references(query: str) -> InfluxReferences:
+    """The identifiers an InfluxQL query (with or without Grafana macros) refers to.
+
+    Measurements are the quoted names after FROM, fields the quoted names inside
+    SELECT lists (aliases excluded), tags the quoted names compared in WHERE and
+    listed in GROUP BY, and SHOW TAG VALUES keys. Anything this cannot classify,
+    such as an unquoted identifier, is reported in `problems` rather than guessed.
+    """
+    problems: list[str] = []
+    measurements: set[str] = set()
+    for match in _FROM.finditer(query):
+        if match.group(1) == "(":
+            continue
+        if match.group(2) is None:
+            problems.append(f"unquoted measurement after FROM: {match.group(1)!r}")
+            continue
+        measurements.add(match.group(2))
+    aliases = {m.group(1) for m in _ALIAS.finditer(query)}
+    fields: set[str] = set()
+    for match in _SELECT_LIST.finditer(query):
+        select_list = match.group(1)
+        without_aliases = _ALIAS.sub("", select_list)
+        fields.update(m.group(1) for m in _QUOTED.finditer(without_aliases))
+        bare = _QUOTED.sub("", without_aliases)
+        bare = re.sub(r"\b\d+(?:\.\d+)?[a-z]*\b", "", bare)
+        for word in re.findall(r"[A-Za-z_]\w*", bare):
+            if word.lower() not in _FUNCTIONS:
+                problems.append(f"unquoted identifier in SELECT: {word!r}")
+    tags = {m.group(1) for m in _COMPARED.finditer(query)}
+    for match in _GROUP_BY.finditer(query):
+        tags.update(m.group(1) for m in _QUOTED.finditer(match.group(1)))
+    show_keys = {m.group(1) for m in _SHOW_KEY.finditer(query)}
+    return InfluxReferences(
+        measurements=frozenset(measurements),
+        fields=frozenset(fields),
+        tags=frozenset(tags),
+        aliases=frozenset(aliases),
+        show_tag_keys=frozenset(show_keys),
+        problems=tuple(problems),
+    )
+
+
+_LOKI_SELECTOR = re.compile(r"\{([^{}]*)\}")
+_LOKI_MATCHER = re.compile(r'([A-Za-z_]\w*)\s*(=~|!~|!=|=)\s*(?:"(?:[^"\\]|\\.)*"|`[^`]*`)')
+_LOKI_GROUPING = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
+_LOKI_LABEL_VALUES = re.compile(r"label_values\((?:\{[^{}]*\}\s*,\s*)?([A-Za-z_]\w*)\s*\)")
+
+
+@dataclass(frozen=True)
+class LokiReferences:
+    """What a LogQL query names: stream labels in selectors, labels it groups by."""
+
+    stream_labels: frozenset[str]
+    grouping_labels: frozenset[str]
+    parses_json: bool
+    problems: tuple[str, ...]
+
+
+def logql_references(expr: str) -> LokiReferences:
+    """Stream labels of every selector, grouping labels, and whether `| json` is used."""
+    problems: list[str] = []
+    stream: set[str] = set()
+    selectors = _LOKI_SELECTOR.findall(expr)
+    if not selectors and not _LOKI_LABEL_VALUES.search(expr):
+        problems.append("no stream selector")
+    for selector in selectors:
+        matched = _LOKI_MATCHER.findall(selector)
+        if not matched and selector.strip():
+            problems.append(f"cannot read the selector {{{selector}}}")
+        stream.update(name for name, _ in matched)
+        leftover = _LOKI_MATCHER.sub("", selector).replace(",", "").strip()
+        if leftover:
+            problems.append(f"unexpected text in selector: {leftover!r}")
+    stream.update(_LOKI_LABEL_VALUES.findall(expr))
+    grouping: set[str] = set()
+    for match in _LOKI_GROUPING.finditer(expr):
+        grouping.update(label.strip() for label in match.group(1).split(",") if label.strip())
+    return LokiReferences(
+        stream_labels=frozenset(stream),
+        grouping_labels=frozenset(grouping),
+        parses_json=bool(re.search(r"\|\s*json\b", expr)),
+        problems=tuple(problems),
+    )
