@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The local stack's one entry point, called by the Makefile (up, down, logs, ps,
-# clean). It keeps secrets out of the repository: the first `up` writes
-# compose/.env with random values (mode 0600) and later runs reuse it.
+# clean; `env` only writes compose/.env). It keeps secrets out of the repository:
+# the first `up` writes compose/.env with random values (mode 0600) and later runs
+# reuse it.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -241,11 +242,12 @@ main() {
   shift || true
   case "${command}" in
     up) cmd_up ;;
+    env) ensure_env_file ;;
     down) cmd_down ;;
     logs) cmd_logs "$@" ;;
     ps) cmd_ps ;;
     clean) cmd_clean ;;
-    *) die "usage: $0 up|down|logs [service]|ps|clean (VOLUMES=1 to delete the data)" ;;
+    *) die "usage: $0 up|down|logs [service]|ps|clean (VOLUMES=1 to delete the data)|env (only write compose/.env)" ;;
   esac
 }
 

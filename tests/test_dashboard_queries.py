@@ -1,0 +1,355 @@
+"""Every InfluxQL query of the dashboards runs on a real InfluxDB and returns data.
+
+The queries are the dashboards' own, with Grafana's macros and template variables
+filled in by simulator.dashboards exactly as the simulator will do it, against
+InfluxDB 1.6.7 (the `influx_server` fixture of conftest.py) holding points for
+every catalog measurement. The interpolation rules themselves are tested first.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from servers import InfluxV1
+
+from simulator import dashboards as dash
+from telemetry_client.catalog import CATALOG, MEASUREMENTS, STANDARD_TAGS
+
+NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+RANGE = dash.TimeRange(NOW - timedelta(minutes=30), NOW)
+INTERVAL = timedelta(seconds=30)
+
+# ---------------------------------------------------------------- interpolation
+
+
+def test_time_filter_is_grafanas_millisecond_range() -> None:
+    q = dash.expand_influxql('SELECT 1 FROM "m" WHERE $timeFilter', RANGE)
+    start = int(RANGE.start.timestamp() * 1000)
+    end = int(RANGE.end.timestamp() * 1000)
+    assert q == f'SELECT 1 FROM "m" WHERE time >= {start}ms and time <= {end}ms'
+    assert dash.expand_influxql("$__timeFilter", RANGE) == q.split("WHERE ")[1]
+
+
+def test_interval_and_range_macros() -> None:
+    q = dash.expand_influxql(
+        "time($__interval) $__interval_ms $__range $__range_s $interval", RANGE,
+        interval=timedelta(minutes=2),
+    )
+    assert q == "time(2m) 120000 30m 1800 2m"
+    assert dash.expand_logql("[$__auto] [$__interval] [$__range]", RANGE,
+                             interval=timedelta(seconds=15)) == "[15s] [15s] [30m]"
+
+
+def test_auto_interval_is_a_nice_step_not_below_the_minimum() -> None:
+    assert dash.auto_interval(dash.TimeRange.last(timedelta(minutes=5), NOW)) == timedelta(
+        seconds=10
+    )
+    day = dash.auto_interval(dash.TimeRange.last(timedelta(days=1), NOW))
+    assert day == timedelta(minutes=2)  # 86.4 s rounded up to a step Grafana uses
+    assert dash.format_duration(timedelta(hours=6)) == "6h"
+    assert dash.format_duration(timedelta(seconds=90)) == "90s"
+    assert dash.format_duration(timedelta(milliseconds=1500)) == "1500ms"
+
+
+def test_influxql_regex_forms_of_a_variable() -> None:
+    template = '"uid" =~ /^$uid$/ AND "uid" =~ /^${uid}$/ AND "uid" =~ /^[[uid]]$/'
+    one = dash.expand_influxql(template, RANGE, {"uid": "12"})
+    assert one == '"uid" =~ /^12$/ AND "uid" =~ /^12$/ AND "uid" =~ /^12$/'
+    many = dash.expand_influxql('"version" =~ /^$version$/', RANGE,
+                                {"version": ["1.4.0", "2.0/rc"]})
+    assert many == r'"version" =~ /^(1\.4\.0|2\.0\/rc)$/'
+    everything = dash.expand_influxql('"uid" =~ /^$uid$/', RANGE, {"uid": None})
+    assert everything == '"uid" =~ /^.*$/'
+    assert dash.expand_influxql('"uid" =~ /^$uid$/', RANGE, {"uid": "$__all"}) == everything
+
+
+def test_influxql_variable_outside_a_regex_is_inserted_as_is() -> None:
+    q = dash.expand_influxql('SHOW TAG VALUES WITH KEY = "$key"', RANGE, {"key": "role"})
+    assert q == 'SHOW TAG VALUES WITH KEY = "role"'
+    with pytest.raises(ValueError, match="several values"):
+        dash.expand_influxql('WITH KEY = "$key"', RANGE, {"key": ["a", "b"]})
+
+
+def test_unknown_variable_is_an_error_not_left_in_the_query() -> None:
+    with pytest.raises(KeyError, match="nope"):
+        dash.expand_influxql('"uid" =~ /^$nope$/', RANGE, {})
+
+
+def test_all_uses_the_dashboards_allvalue() -> None:
+    logs = next(d for d in dash.load_dashboards() if d["uid"] == "telemetry-logs")
+    q = dash.expand_logql('{environment=~"$network", role=~"$role"}', RANGE,
+                          dash.all_selected(logs), dashboard=logs)
+    # Loki refuses a selector whose every matcher matches the empty string.
+    assert q == '{environment=~".+", role=~".*"}'
+
+
+def test_logql_multi_value_is_escaped_for_a_string_literal() -> None:
+    q = dash.expand_logql('{service=~"$service", version=~"$version"}', RANGE,
+                          {"service": ["miner", "validator"], "version": "1.4.0"})
+    assert q == '{service=~"(miner|validator)", version=~"1\\\\.4\\\\.0"}'
+
+
+def test_logql_textbox_keeps_the_string_valid() -> None:
+    logs = next(d for d in dash.load_dashboards() if d["uid"] == "telemetry-logs")
+    q = dash.expand_logql('{service="x"} |~ "(?i)$search"', RANGE, {"search": 'say "hi"'},
+                          dashboard=logs)
+    assert q == '{service="x"} |~ "(?i)say \\"hi\\""'
+
+
+# ---------------------------------------------------------------- data
+
+MINERS = ("1", "2", "3")
+VALIDATORS = ("10", "11")
+NODES: tuple[tuple[str, str, str, str], ...] = (
+    # uid, role, network, version
+    ("1", "miner", "finney", "1.5.0"),
+    ("2", "miner", "finney", "1.4.0"),
+    ("3", "miner", "testnet", "1.5.0"),
+    ("10", "validator", "finney", "1.5.0"),
+    ("11", "validator", "finney", "1.5.0"),
+    ("20", "aggregator", "finney", "1.5.0"),
+    ("30", "evaluator", "finney", "1.5.0"),
+)
+STEP_S = 10
+
+
+def _escape_tag(value: str) -> str:
+    return re.sub(r"([,= ])", r"\\\1", value)
+
+
+def _extra_tag_sets(measurement: str) -> list[dict[str, str]]:
+    if measurement == "validator_scores":
+        return [{"eval_uid": uid} for uid in MINERS]
+    if measurement == "evaluator_benchmark":
+        return [{"task": "hellaswag"}, {"task": "arc_easy"}]
+    if measurement == "gpu":
+        return [{"gpu_uuid": f"GPU-{i}", "gpu_index": str(i), "gpu_name": "NVIDIA_H100"}
+                for i in range(2)]
+    if measurement == "gpu_memory":
+        return [{"gpu_uuid": f"GPU-{i}", "gpu_index": str(i)} for i in range(2)]
+    if measurement == "telemetry_client":
+        return [{"sink": "influxdb"}, {"sink": "loki"}]
+    return [{}]
+
+
+def _field_value(name: str, step: int, rng: random.Random) -> float:
+    """A realistic float for `name` at the `step`-th sample (counters only grow)."""
+    if name in ("queued", "sent", "batches", "bytes_sent", "retries", "dropped") or \
+            name.startswith("dropped_"):
+        per_step = {"queued": 50.0, "sent": 49.0, "batches": 1.0, "bytes_sent": 4096.0,
+                    "retries": 0.2, "dropped": 0.3}.get(name, 0.03)
+        return round(per_step * step + rng.random(), 3)
+    table = {
+        "loss": 3.2 - step * 0.004 + rng.uniform(-0.05, 0.05),
+        "learning_rate": 3e-4,
+        "tokens_per_sec": rng.uniform(9000, 12000),
+        "batch_tokens": 65536.0,
+        "window": float(1000 + step // 6),
+        "global_step": float(step),
+        "loss_before": 3.1 + rng.uniform(-0.02, 0.02),
+        "loss_after": 3.0 + rng.uniform(-0.02, 0.02),
+        "improvement": rng.uniform(0.01, 0.04),
+        "evaluated_uids": 3.0,
+        "score": rng.uniform(0.0, 1.0),
+        "moving_avg_score": rng.uniform(0.2, 0.8),
+        "weight": rng.uniform(0.0, 0.5),
+        "gradients_gathered": 3.0,
+        "gather_success_rate": rng.uniform(0.8, 1.0),
+        "aggregation_time_s": rng.uniform(1, 3),
+        "duration_s": rng.uniform(30, 90),
+        "active_peers": float(rng.randint(5, 8)),
+        "sync_lag_windows": float(rng.randint(0, 2)),
+        "is_synced": float(rng.random() > 0.1),
+        "compression_ratio": rng.uniform(20, 40),
+        "gather_time_s": rng.uniform(2, 8),
+        "put_time_s": rng.uniform(0.5, 2),
+        "step_time_s": rng.uniform(8, 15),
+        "cpu_percent": rng.uniform(10, 95),
+        "memory_used_bytes": rng.uniform(2e10, 6e10),
+        "memory_total_bytes": 6.4e10,
+        "memory_percent": rng.uniform(30, 90),
+        "process_rss_bytes": rng.uniform(4e9, 8e9),
+        "utilization_percent": rng.uniform(50, 100),
+        "temperature_c": rng.uniform(40, 80),
+        "power_w": rng.uniform(200, 650),
+        "allocated_bytes": rng.uniform(2e10, 6e10),
+        "reserved_bytes": rng.uniform(6e10, 7e10),
+        "max_allocated_bytes": 7e10,
+        "segments": float(rng.randint(100, 400)),
+        "pending": float(rng.randint(0, 500)),
+        "pending_bytes": float(rng.randint(0, 1_000_000)),
+    }
+    if name in table:
+        return float(table[name])
+    if name.startswith("grad_norm_"):
+        return rng.uniform(0.5, 2.5)
+    raise AssertionError(f"no test value for field {name!r}: add one")
+
+
+def catalog_lines(now: datetime, duration: timedelta, seed: int = 7) -> list[str]:
+    """Line protocol for every catalog measurement, as nodes of each role write it.
+
+    Standard tags plus the measurement's own tags and every field, all floats, one
+    sample every 10 s. Kept in this one function so MetricsLogger can replace it.
+    """
+    rng = random.Random(seed)
+    end = int(now.timestamp())
+    steps = int(duration.total_seconds()) // STEP_S
+    lines = []
+    for measurement in MEASUREMENTS:
+        for uid, role, network, version in NODES:
+            if role not in measurement.roles:
+                continue
+            standard = {"uid": uid, "role": role, "version": version, "network": network,
+                        "runtime_id": f"run-{uid}", "group": network, "job_type": "training"}
+            assert set(standard) == set(STANDARD_TAGS)
+            for extra in _extra_tag_sets(measurement.name):
+                tags = {**standard, **extra}
+                assert set(tags) == set(measurement.tag_names), measurement.name
+                tag_text = ",".join(f"{k}={_escape_tag(v)}" for k, v in sorted(tags.items()))
+                for step in range(steps + 1):
+                    fields = ",".join(
+                        f"{name}={_field_value(name, step, rng)!r}"
+                        for name in measurement.field_names
+                    )
+                    timestamp = end - (steps - step) * STEP_S
+                    lines.append(f"{measurement.name},{tag_text} {fields} {timestamp}")
+    return lines
+
+
+def write_lines(url: str, database: str, lines: list[str]) -> None:
+    """POST line protocol (second precision) to InfluxDB 1.x /write."""
+    query = urllib.parse.urlencode({"db": database, "precision": "s"})
+    for start in range(0, len(lines), 5000):
+        body = "\n".join(lines[start:start + 5000]).encode()
+        request = urllib.request.Request(f"{url}/write?{query}", data=body, method="POST")
+        with urllib.request.urlopen(request, timeout=60) as response:
+            assert response.status == 204
+
+
+@pytest.fixture(scope="module")
+def telemetry_db(influx_server: InfluxV1) -> Iterator[tuple[InfluxV1, str]]:
+    """A database named like the stack's bucket, holding every catalog measurement."""
+    database = "telemetry_dash"
+    influx_server.create_database(database)
+    write_lines(influx_server.url, database, catalog_lines(NOW, timedelta(minutes=30)))
+    yield influx_server, database
+    influx_server.query(f'DROP DATABASE "{database}"')
+
+
+def run(server: InfluxV1, database: str, query: str) -> list[dict]:
+    """The series of the first statement; an InfluxQL error fails the test."""
+    result = server.query(query, database, epoch="ms")["results"][0]
+    assert "error" not in result, f"{result['error']}\n{query}"
+    return result.get("series", [])
+
+
+def has_values(series: list[dict]) -> bool:
+    """At least one non-null value outside the time column."""
+    for one in series:
+        columns = one["columns"]
+        for row in one["values"]:
+            if any(v is not None for c, v in zip(columns, row, strict=True) if c != "time"):
+                return True
+    return False
+
+
+DASHBOARDS = dash.load_dashboards()
+DATASOURCES = dash.load_datasources()
+BY_UID = {d["uid"]: d for d in DASHBOARDS}
+INFLUX_QUERIES = [q for q in dash.iter_queries(DASHBOARDS, DATASOURCES)
+                  if q.datasource_type == "influxdb"]
+
+
+def test_every_catalog_measurement_is_written(telemetry_db: tuple[InfluxV1, str]) -> None:
+    server, database = telemetry_db
+    names = {row["name"] for row in server.rows("SHOW MEASUREMENTS", database)}
+    assert names == set(CATALOG)
+
+
+@pytest.mark.parametrize("query", INFLUX_QUERIES, ids=lambda q: q.where)
+def test_query_returns_data_with_all_selected(telemetry_db: tuple[InfluxV1, str],
+                                        query: dash.Query) -> None:
+    server, database = telemetry_db
+    dashboard = BY_UID[query.dashboard_uid]
+    text = dash.expand(query, RANGE, dash.all_selected(dashboard), dashboard=dashboard,
+                       interval=INTERVAL)
+    series = run(server, database, text)
+    assert has_values(series), f"no data for {query.where}:\n{text}"
+
+
+@pytest.mark.parametrize("query", [q for q in INFLUX_QUERIES if "$network" in q.text],
+                         ids=lambda q: q.where)
+def test_query_follows_the_network_variable(telemetry_db: tuple[InfluxV1, str],
+                                        query: dash.Query) -> None:
+    """Choosing a network narrows the data; a network without nodes empties it."""
+    server, database = telemetry_db
+    dashboard = BY_UID[query.dashboard_uid]
+    chosen = dash.all_selected(dashboard) | {"network": ["finney"]}
+    series = run(server, database, dash.expand(query, RANGE, chosen, dashboard=dashboard,
+                                               interval=INTERVAL))
+    assert has_values(series), f"no data for network finney: {query.where}"
+    nobody = dash.all_selected(dashboard) | {"network": ["nowhere"]}
+    empty = run(server, database, dash.expand(query, RANGE, nobody, dashboard=dashboard,
+                                              interval=INTERVAL))
+    assert not has_values(empty), f"{query.where} ignores $network"
+
+
+def _variable_values(server: InfluxV1, database: str, dashboard: dict, name: str,
+                     chosen: dict) -> set[str]:
+    query = next(q for q in dash.variable_queries(dashboard, DATASOURCES) if q.name == name)
+    series = run(server, database, dash.expand(query, RANGE, chosen, dashboard=dashboard,
+                                               interval=INTERVAL))
+    return {row[1] for one in series for row in one["values"]}
+
+
+def test_variables_chain_network_role_uid(telemetry_db: tuple[InfluxV1, str]) -> None:
+    server, database = telemetry_db
+    dashboard = BY_UID["telemetry-network"]
+    everything = dash.all_selected(dashboard)
+    assert _variable_values(server, database, dashboard, "network", everything) == {
+        "finney", "testnet"}
+    testnet = everything | {"network": "testnet"}
+    assert _variable_values(server, database, dashboard, "role", testnet) == {"miner"}
+    validators = everything | {"network": "finney", "role": "validator"}
+    assert _variable_values(server, database, dashboard, "uid", validators) == set(VALIDATORS)
+
+
+def test_training_uid_variable_lists_only_miners(telemetry_db: tuple[InfluxV1, str]) -> None:
+    server, database = telemetry_db
+    dashboard = BY_UID["telemetry-training"]
+    uids = _variable_values(server, database, dashboard, "uid", dash.all_selected(dashboard))
+    assert uids == set(MINERS)
+
+
+def test_counter_rates_are_per_second_and_survive_the_sum(telemetry_db: tuple[InfluxV1, str]) -> None:
+    """The sent-rate panel adds up per-process rates: 49 per 10 s per process."""
+    server, database = telemetry_db
+    dashboard = BY_UID["telemetry-health"]
+    query = next(q for q in dash.panel_queries(dashboard, DATASOURCES)
+                 if q.name == "Records sent per second")
+    chosen = dash.all_selected(dashboard) | {"sink": "influxdb"}
+    series = run(server, database, dash.expand(query, RANGE, chosen, dashboard=dashboard,
+                                               interval=timedelta(minutes=1)))
+    values = [row[1] for one in series for row in one["values"][1:-1] if row[1] is not None]
+    assert values, series
+    processes = len(NODES)
+    for value in values:
+        assert value == pytest.approx(4.9 * processes, rel=0.05)
+
+
+def test_catalog_lines_cover_every_field() -> None:
+    lines = catalog_lines(NOW, timedelta(seconds=10))
+    seen: dict[str, set[str]] = {}
+    for line in lines:
+        head, fields, _ = line.split(" ")
+        seen.setdefault(head.split(",")[0], set()).update(
+            f.split("=")[0] for f in fields.split(","))
+    assert {m: set(CATALOG[m].field_names) for m in seen} == seen
+    assert set(seen) == set(CATALOG)
