@@ -234,6 +234,12 @@ def _is_not_found(wandb: ModuleType, exc: BaseException) -> bool:
     return False
 
 
+def _one_line(exc: BaseException) -> str:
+    """An exception as one log line: wandb's messages often carry multi-line hints."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
 def _remote_run_status(wandb: ModuleType, entity: str | None, project: str, run_id: str, timeout: int) -> RemoteStatus:
     """Ask the service once whether the run exists; its history is never read."""
     path = f"{entity}/{project}/{run_id}" if entity else f"{project}/{run_id}"
@@ -242,7 +248,7 @@ def _remote_run_status(wandb: ModuleType, entity: str | None, project: str, run_
     except Exception as exc:
         if _is_not_found(wandb, exc):
             return "gone"
-        logger.info("could not check W&B run %s (%s); resuming it anyway", path, exc)
+        logger.info("could not check W&B run %s (%s); resuming it anyway", path, _one_line(exc))
         return "unknown"
     return "exists"
 
@@ -328,8 +334,8 @@ class VersionedRun:
 
         The step is written as the `global_step` value, never as W&B's internal step,
         so a step lower than one already seen (a restart, a replay) is kept rather than
-        dropped. Without `step`, the step after the last one is used (or the same step
-        while the previous call had commit=False). A `global_step` key in `metrics` is
+        dropped. Without `step`, the step after the highest one seen is used (or the
+        same step while the previous call had commit=False). A `global_step` key in `metrics` is
         taken as the step.
         """
         values = dict(metrics)
@@ -503,9 +509,15 @@ def _init_with_fallback(wandb: ModuleType, mode: str, init_kwargs: dict[str, Any
             raise
         logger.warning(
             "W&B is unreachable (%s); continuing offline. Upload the run later with `wandb sync %s`",
-            exc,
+            _one_line(exc),
             Path(init_kwargs["dir"]) / "wandb" / f"offline-run-*-{init_kwargs['id']}",
         )
+    teardown = getattr(wandb, "teardown", None)
+    if getattr(wandb, "run", None) is None and teardown is not None:
+        # wandb's service process keeps the id of the failed attempt registered
+        # ("run ID ... is in use"); restarting the service frees it. With no other
+        # run active in this process, nothing else is affected.
+        teardown()
     return wandb.init(mode="offline", **init_kwargs), "offline"
 
 
