@@ -1,0 +1,497 @@
+"""Simulated nodes: each one uses telemetry_client exactly as a real node does.
+
+A node has its own MetricsLogger (uid, role, version, network and a runtime_id
+unique to the run) and its own Loki logger. `tick()` performs one unit of the
+role's work and logs what a real node logs for it; `log_line()` writes one log
+line at a realistic level, with context, and with a real traceback for errors.
+
+Values come from `signals`, driven by the node's step counter and seeded RNG, so a
+run is reproducible. Windows advance every `ticks_per_window` ticks; the load
+controller picks that number so windows last about `--window-seconds`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from simulator import signals as sg
+from telemetry_client.catalog import ROLES
+from telemetry_client.shipping import BufferSettings
+
+DEFAULT_VERSION = "1.4.2"
+PREVIOUS_VERSION = "1.4.1"  # a share of the fleet has not upgraded yet, as on a real network
+# Level mix of a healthy node's logs (weights), DEBUG included.
+LEVEL_WEIGHTS: tuple[tuple[str, float], ...] = (
+    ("debug", 0.15),
+    ("info", 0.70),
+    ("warning", 0.10),
+    ("error", 0.045),
+    ("critical", 0.005),
+)
+
+
+class MetricsSink(Protocol):
+    """The part of MetricsLogger a node uses (a recorder stands in for it in unit tests)."""
+
+    def log(
+        self,
+        measurement: str,
+        tags: Mapping[str, Any] | None = None,
+        fields: Mapping[str, Any] | None = None,
+        timestamp: int | None = None,
+        with_system_metrics: bool = False,
+        with_gpu_metrics: bool = False,
+    ) -> None: ...
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """Who a simulated node is."""
+
+    role: str
+    uid: str
+    version: str
+    gpus: int
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """What every node of one run shares; `run_id` scopes the accounting to this run."""
+
+    run_id: str
+    network: str
+    seed: int
+
+    def runtime_id(self, uid: str) -> str:
+        return f"{self.run_id}-{uid}"
+
+
+@dataclass(frozen=True)
+class Targets:
+    """Where the fleet sends metrics and logs (picklable, handed to worker processes)."""
+
+    influx_url: str
+    database: str
+    api_version: int = 2
+    token: str | None = None
+    org: str | None = None
+    username: str | None = None
+    password: str | None = None
+    loki_url: str | None = None
+    loki_headers: tuple[tuple[str, str], ...] = ()
+    system_interval: float = 1.0
+    self_metrics_interval: float | None = 1.0
+    buffer: BufferSettings = field(default_factory=BufferSettings)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The run's shape as the nodes see it: steps per window and steps in the whole run."""
+
+    ticks_per_window: int
+    total_ticks: int
+    miner_uids: tuple[str, ...]
+    fleet_size: int
+
+
+def build_specs(counts: Mapping[str, int], seed: int) -> list[NodeSpec]:
+    """Nodes in uid order: validators, aggregators and evaluators first, then miners."""
+    specs: list[NodeSpec] = []
+    uid = 0
+    for role in ("validator", "aggregator", "evaluator", "miner"):
+        for _ in range(max(0, counts.get(role, 0))):
+            rng = sg.node_rng(seed, role, str(uid))
+            version = PREVIOUS_VERSION if rng.random() < 0.2 else DEFAULT_VERSION
+            gpus = rng.choice((1, 2, 4, 8)) if role == "miner" else 1
+            specs.append(NodeSpec(role, str(uid), version, gpus))
+            uid += 1
+    return specs
+
+
+# ------------------------------------------------------------ real exceptions
+# Small functions that fail the way a node's I/O fails, so an error line carries a
+# real traceback with real frames.
+
+
+def _fetch_gradient(peer: str, timeout: float) -> bytes:
+    raise TimeoutError(f"timed out after {timeout:.1f}s fetching the gradient of peer {peer}")
+
+
+def _decompress(peer: str, payload: bytes) -> list[float]:
+    if not payload:
+        raise ValueError(f"corrupt gradient from peer {peer}: empty payload after decompression")
+    return [float(b) for b in payload]
+
+
+def _peer_bucket(peers: Mapping[str, str], peer: str) -> str:
+    return peers[peer]  # KeyError: the peer left the metagraph
+
+
+def _load_checkpoint(window: int) -> bytes:
+    raise FileNotFoundError(f"checkpoint for window {window} not found in the bucket")
+
+
+FAILURES: tuple[tuple[str, Callable[[str, int], object]], ...] = (
+    ("Failed to gather gradient", lambda peer, window: _fetch_gradient(peer, 10.0)),
+    ("Discarded invalid gradient", lambda peer, window: _decompress(peer, b"")),
+    ("Peer missing from metagraph", lambda peer, window: _peer_bucket({}, peer)),
+    ("Could not load checkpoint", lambda peer, window: _load_checkpoint(window)),
+)
+
+MESSAGES: dict[str, dict[str, tuple[str, ...]]] = {
+    "miner": {
+        "debug": ("Loaded batch", "Heartbeat", "Optimizer state synced"),
+        "info": ("Completed training step", "Uploaded gradient", "Gathered gradients from peers", "Applied update"),
+        "warning": ("Peer gradient arrived late", "Slow training step", "Retrying gradient upload"),
+    },
+    "validator": {
+        "debug": ("Sampled evaluation batch", "Heartbeat"),
+        "info": ("Evaluated miner", "Set weights on chain", "Started evaluation window"),
+        "warning": ("Miner gradient missing", "Weights not set: rate limited", "Sync lag detected"),
+    },
+    "aggregator": {
+        "debug": ("Merging gradient", "Heartbeat"),
+        "info": ("Aggregated gradients", "Published aggregated state"),
+        "warning": ("Gather below quorum", "Slow aggregation round"),
+    },
+    "evaluator": {
+        "debug": ("Loading benchmark data", "Heartbeat"),
+        "info": ("Benchmark finished", "Loaded checkpoint"),
+        "warning": ("Benchmark took longer than expected", "Checkpoint is behind the network"),
+    },
+}
+
+
+class SimNode:
+    """One simulated node of the network."""
+
+    def __init__(
+        self,
+        spec: NodeSpec,
+        run: RunIdentity,
+        plan: Plan,
+        metrics: MetricsSink,
+        logger: Any = None,
+        close: Callable[[float], None] | None = None,
+        stats: Callable[[], tuple[dict, dict]] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.run = run
+        self.plan = plan
+        self.metrics = metrics
+        self.logger = logger
+        self._close = close
+        self._stats = stats
+        self.rng = sg.node_rng(run.seed, spec.role, spec.uid)
+        self.log_rng = sg.node_rng(run.seed, f"{spec.role}/logs", spec.uid)
+        progress = sg.Progress.for_steps(plan.total_ticks)
+        self.step = 0
+        self.window = -1
+        self._last_ts = 0
+        self.points = 0
+        self.lines = 0
+        self.peers = [u for u in plan.miner_uids if u != spec.uid] or [spec.uid]
+        self.network = sg.NetworkSignals(self.rng, plan.fleet_size)
+        busy = {"miner": 96.0, "validator": 70.0, "aggregator": 45.0, "evaluator": 80.0}[spec.role]
+        self.gpu = sg.GpuSignals(self.rng, spec.gpus, busy)
+        self.miner = sg.MinerSignals(self.rng, progress) if spec.role == "miner" else None
+        self.validator = (
+            sg.ValidatorSignals(self.rng, run.seed, list(plan.miner_uids), progress)
+            if spec.role == "validator" and plan.miner_uids
+            else None
+        )
+        self.aggregator = sg.AggregatorSignals(self.rng, len(plan.miner_uids)) if spec.role == "aggregator" else None
+        self.evaluator = sg.EvaluatorSignals(self.rng, progress) if spec.role == "evaluator" else None
+        self._eval_order: list[str] = []
+        self._evaluated = 0
+        self._task = 0
+
+    # ---------------------------------------------------------------- metrics
+
+    def _timestamp(self) -> int:
+        """Now, in ns, strictly increasing per node: two points of one series never share a time."""
+        ts = time.time_ns()
+        if ts <= self._last_ts:
+            ts = self._last_ts + 1
+        self._last_ts = ts
+        return ts
+
+    def _log(
+        self, measurement: str, fields: Mapping[str, Any], tags: Mapping[str, str] | None = None, system: bool = False
+    ) -> None:
+        self.metrics.log(measurement, tags, fields, timestamp=self._timestamp(), with_system_metrics=system)
+        self.points += 1
+
+    def tick(self) -> int:
+        """One unit of the role's work; returns how many points it logged."""
+        before = self.points
+        window = self.step // self.plan.ticks_per_window
+        if window != self.window:
+            self._end_window()
+            self.window = window
+            self._start_window()
+        role = self.spec.role
+        if role == "miner":
+            self._train_step()
+        elif role == "validator":
+            self._evaluate_next()
+        elif role == "aggregator":
+            self._aggregate()
+        else:
+            self._benchmark_next()
+        self.step += 1
+        return self.points - before
+
+    def _start_window(self) -> None:
+        """What every node logs once per window: its network view, timings and GPUs."""
+        window = float(self.window)
+        self._log("network_status", {**self.network.status(), "window": window})
+        self._log("performance", {**self.network.performance(), "window": window})
+        for name, tags, fields in self.gpu.points():
+            self._log(name, fields, tags)
+        if self.validator is not None:
+            self._eval_order = list(self.plan.miner_uids)
+            self.rng.shuffle(self._eval_order)
+            self._evaluated = 0
+
+    def finish(self) -> None:
+        """At shutdown: log the summary of the window in progress, as a validator does when stopped."""
+        self._end_window()
+        self.window = -1
+
+    def _end_window(self) -> None:
+        if self.validator is not None and self.window >= 0:
+            summary = self.validator.window_summary(self.step, self._evaluated)
+            self._log("validator_window", {**summary, "window": float(self.window), "global_step": float(self.step)})
+
+    def _train_step(self) -> None:
+        m = self.miner
+        assert m is not None
+        fields = {
+            "loss": m.loss(self.step),
+            "learning_rate": m.learning_rate(self.step),
+            "grad_norm": m.grad_norms(self.step),  # a list: the client writes mean/min/max/median
+            "tokens_per_sec": m.tokens_per_sec(),
+            "batch_tokens": m.batch_tokens,
+            "window": float(self.window),
+            "global_step": float(self.step),
+        }
+        self._log("training_step", fields, system=True)
+
+    def _evaluate_next(self) -> None:
+        v = self.validator
+        if v is None:  # a network without miners: nothing to evaluate, only summaries
+            self._log("network_status", {**self.network.status(), "window": float(self.window)}, system=True)
+            return
+        if not self._eval_order:  # evaluated every miner this window: start another pass
+            self._eval_order = list(self.plan.miner_uids)
+            self.rng.shuffle(self._eval_order)
+        eval_uid = self._eval_order.pop()
+        self._evaluated += 1
+        self._log(
+            "validator_scores",
+            {**v.score(eval_uid), "window": float(self.window)},
+            {"eval_uid": eval_uid},
+            system=True,
+        )
+
+    def _aggregate(self) -> None:
+        a = self.aggregator
+        assert a is not None
+        self._log("aggregator_step", {**a.round(), "window": float(self.window)}, system=True)
+
+    def _benchmark_next(self) -> None:
+        e = self.evaluator
+        assert e is not None
+        task = sg.BENCHMARK_TASKS[self._task % len(sg.BENCHMARK_TASKS)]
+        self._task += 1
+        fields = {**e.benchmark(task, self.step), "global_step": float(self.step), "window": float(self.window)}
+        self._log("evaluator_benchmark", fields, {"task": task}, system=True)
+
+    # ---------------------------------------------------------------- logs
+
+    def log_line(self) -> int:
+        """Write one log line; returns 1 when a line was handed to the logger, else 0."""
+        if self.logger is None:
+            return 0
+        rng = self.log_rng
+        level = rng.choices([lv for lv, _ in LEVEL_WEIGHTS], [w for _, w in LEVEL_WEIGHTS])[0]
+        peer = rng.choice(self.peers)
+        context = {
+            "window": max(0, self.window),
+            "step": self.step,
+            "peer": peer,
+            "run_id": self.run.run_id,
+        }
+        if level in ("error", "critical"):
+            message, fail = FAILURES[rng.randrange(len(FAILURES))]
+            try:
+                fail(peer, max(0, self.window))
+            except Exception:
+                write_log(self.logger, level, message, context, exc_info=True)
+        else:
+            messages = MESSAGES[self.spec.role][level]
+            write_log(self.logger, level, messages[rng.randrange(len(messages))], context)
+        self.lines += 1
+        return 1
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def close(self, timeout: float) -> None:
+        if self._close is not None:
+            self._close(timeout)
+
+    def stats(self) -> tuple[dict, dict]:
+        """(metrics counters, log counters) of this node's channels."""
+        return self._stats() if self._stats is not None else ({}, {})
+
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+_LEVELS["critical"] = logging.CRITICAL
+
+
+def write_log(logger: Any, level: str, message: str, context: Mapping[str, Any], exc_info: bool = False) -> None:
+    """Log through the Loki logger's own API (`log_with_context`), as a node does."""
+    if hasattr(logger, "log_with_context"):
+        if exc_info:
+            logger.log_with_context(level, message, exc_info=True, **context)
+        else:
+            logger.log_with_context(level, message, **context)
+    else:
+        logger.log(_LEVELS[level], message, exc_info=exc_info, extra=dict(context))
+
+
+# ------------------------------------------------------------ real nodes
+
+
+def _accepts(function: Callable[..., Any], name: str) -> bool:
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+
+
+def make_node(spec: NodeSpec, run: RunIdentity, plan: Plan, targets: Targets) -> SimNode:
+    """A node with a real MetricsLogger and, when a Loki URL is set, a real Loki logger."""
+    from telemetry_client.metrics import MetricsLogger
+
+    metrics = MetricsLogger(
+        url=targets.influx_url,
+        database=targets.database,
+        token=targets.token,
+        org=targets.org,
+        api_version=targets.api_version,
+        username=targets.username,
+        password=targets.password,
+        uid=spec.uid,
+        role=spec.role,
+        version=spec.version,
+        network=run.network,
+        runtime_id=run.runtime_id(spec.uid),
+        group=run.network,
+        job_type=spec.role,
+        buffer=targets.buffer,
+        system_metrics_interval=targets.system_interval,
+        self_metrics_interval=targets.self_metrics_interval,
+    )
+    logger = None
+    handler = None
+    if targets.loki_url:
+        logger, handler = make_loki_logger(spec, run, targets, metrics)
+
+    def close(timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        if handler is not None:
+            handler.close_within(max(0.1, deadline - time.monotonic())) if hasattr(
+                handler, "close_within"
+            ) else _close_handler(handler, deadline)
+        metrics.close(max(0.1, deadline - time.monotonic()))
+
+    def stats() -> tuple[dict, dict]:
+        return metrics.stats(), handler_stats(handler)
+
+    return SimNode(spec, run, plan, metrics, logger, close, stats)
+
+
+def make_loki_logger(spec: NodeSpec, run: RunIdentity, targets: Targets, metrics: Any) -> tuple[Any, Any]:
+    """setup_loki_logger as a node calls it; returns the logger and its Loki handler."""
+    from telemetry_client import loki
+
+    kwargs: dict[str, Any] = {
+        "service": spec.role,
+        "uid": spec.uid,
+        "version": spec.version,
+        "environment": run.network,
+        "url": targets.loki_url,
+        "role": spec.role,
+        "metrics_logger": metrics,
+        "console": False,
+    }
+    setup = loki.setup_loki_logger
+    optional = {
+        "logger_name": f"simulator.{run.run_id}.{spec.role}.{spec.uid}",
+        "headers": dict(targets.loki_headers) or None,
+        "level": "DEBUG",
+        "buffer": targets.buffer,
+    }
+    for name, value in optional.items():
+        if value is not None and _accepts(setup, name):
+            kwargs[name] = value
+    logger = setup(**kwargs)
+    return logger, find_loki_handler(logger)
+
+
+def find_loki_handler(logger: Any) -> Any:
+    """The LokiHandler behind a logger (or logger adapter)."""
+    from telemetry_client.loki import LokiHandler
+
+    base = getattr(logger, "logger", logger)
+    for candidate in (base, getattr(base, "logger", None)):
+        for handler in getattr(candidate, "handlers", []) or []:
+            if isinstance(handler, LokiHandler):
+                return handler
+    return None
+
+
+def _close_handler(handler: Any, deadline: float) -> None:
+    flush = getattr(handler, "flush_within", None) or getattr(handler, "flush", None)
+    if flush is not None:
+        try:
+            flush(max(0.1, deadline - time.monotonic()))
+        except TypeError:
+            flush()
+    handler.close()
+
+
+def handler_stats(handler: Any) -> dict:
+    if handler is None:
+        return {}
+    stats = getattr(handler, "stats", None)
+    if callable(stats):
+        return stats()
+    channel = getattr(handler, "channel", None)
+    return channel.stats() if channel is not None else {}
+
+
+def role_counts(miners: int, validators: int, aggregators: int, evaluators: int) -> dict[str, int]:
+    counts = {"miner": miners, "validator": validators, "aggregator": aggregators, "evaluator": evaluators}
+    assert set(counts) == set(ROLES)
+    return counts
+
+
+def plan_for(specs: Sequence[NodeSpec], points_per_sec: float, window_seconds: float, duration: float) -> Plan:
+    """Ticks per window so that, at the target rate, a window lasts about `window_seconds`."""
+    nodes = max(1, len(specs))
+    ticks_per_sec = max(points_per_sec, 1.0) / nodes
+    return Plan(
+        ticks_per_window=max(1, round(window_seconds * ticks_per_sec)),
+        total_ticks=max(10, round(duration * ticks_per_sec)),
+        miner_uids=tuple(s.uid for s in specs if s.role == "miner"),
+        fleet_size=nodes,
+    )
