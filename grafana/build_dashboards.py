@@ -17,10 +17,12 @@ the logging handler sets; tests/test_dashboards.py checks both.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 OUT_DIR = Path(__file__).resolve().parent / "dashboards"
@@ -30,19 +32,18 @@ INFLUX: dict[str, str] = {"type": "influxdb", "uid": "influxdb"}
 LOKI: dict[str, str] = {"type": "loki", "uid": "loki"}
 
 SCHEMA_VERSION = 41
-DROP_REASONS: tuple[str, ...] = (
-    "buffer_full",
-    "expired",
-    "rejected",
-    "invalid",
-    "non_finite",
-    "no_fields",
-    "unsupported_type",
-    "too_large",
-    "sampled_out",
-    "shutdown",
-    "encode_error",
-)
+
+
+def _catalog() -> ModuleType:
+    """telemetry_client.catalog, also when this file runs as a script from grafana/."""
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    return importlib.import_module("telemetry_client.catalog")
+
+
+# Every reason the client drops data for: one series each on Telemetry health.
+DROP_REASONS: tuple[str, ...] = tuple(_catalog().DROP_REASONS)
 
 # The filter every InfluxQL panel applies: one regex per template variable, so the
 # same query works for one value, several values and "All" (allValue ".*").

@@ -1,0 +1,292 @@
+"""Provisioning and dashboards: valid, consistent, generated, and true to the catalog.
+
+Every InfluxQL query may name only measurements, fields and tags that
+telemetry_client/catalog.py defines, and every LogQL query only the stream labels
+the Loki handler sets (body fields through `| json`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from datetime import timedelta
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import yaml
+
+from simulator import dashboards as dash
+from telemetry_client.catalog import CATALOG, DROP_REASONS, STANDARD_TAGS
+
+ROOT = Path(__file__).resolve().parents[1]
+GRAFANA = ROOT / "grafana"
+DASHBOARDS = dash.load_dashboards()
+DATASOURCES = dash.load_datasources()
+QUERIES = list(dash.iter_queries(DASHBOARDS, DATASOURCES))
+INFLUX_QUERIES = [q for q in QUERIES if q.datasource_type == "influxdb"]
+LOKI_QUERIES = [q for q in QUERIES if q.datasource_type == "loki"]
+ALL_TAGS = set(STANDARD_TAGS).union(*(m.tag_names for m in CATALOG.values()))
+
+
+def _builder() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("build_dashboards",
+                                                  GRAFANA / "build_dashboards.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---------------------------------------------------------------- provisioning
+
+
+def test_provisioning_files_are_valid_yaml() -> None:
+    files = sorted((GRAFANA / "provisioning").rglob("*.yml"))
+    assert len(files) >= 2
+    for path in files:
+        document = yaml.safe_load(path.read_text())
+        assert document["apiVersion"] == 1, path
+
+
+def test_datasources_have_fixed_unique_uids_and_query_influxdb_in_influxql() -> None:
+    document = yaml.safe_load((GRAFANA / "provisioning/datasources/datasources.yml").read_text())
+    sources = document["datasources"]
+    uids = [s["uid"] for s in sources]
+    assert len(uids) == len(set(uids))
+    assert DATASOURCES == {"influxdb": "influxdb", "loki": "loki"}
+    influx = next(s for s in sources if s["type"] == "influxdb")
+    assert influx["jsonData"]["version"] == "InfluxQL"
+    assert influx["jsonData"]["dbName"] == "${INFLUXDB_DATABASE}"
+    assert influx["jsonData"]["httpHeaderName1"] == "Authorization"
+    assert influx["secureJsonData"]["httpHeaderValue1"] == "Token ${INFLUXDB_READ_TOKEN}"
+    assert all(s["url"].startswith("${") for s in sources)
+
+
+def test_no_secret_in_provisioning() -> None:
+    """Secure values come from the environment; no password or token is written down."""
+    for path in (GRAFANA / "provisioning").rglob("*.yml"):
+        document = yaml.safe_load(path.read_text())
+        for source in document.get("datasources") or []:
+            assert "password" not in source and "basicAuthPassword" not in source, path
+            for key, value in (source.get("secureJsonData") or {}).items():
+                assert re.search(r"\$\{?[A-Z_]+\}?", str(value)), f"{path}: {key} is literal"
+
+
+def test_dashboard_provider_path_is_where_compose_mounts_the_dashboards() -> None:
+    provider = yaml.safe_load(
+        (GRAFANA / "provisioning/dashboards/dashboards.yml").read_text())["providers"][0]
+    assert provider["type"] == "file"
+    assert provider["folder"]
+    compose = yaml.safe_load((ROOT / "compose/docker-compose.yml").read_text())
+    mounts = compose["services"]["grafana"]["volumes"]
+    assert f"../grafana/dashboards:{provider['options']['path']}:ro" in mounts
+    assert "../grafana/provisioning:/etc/grafana/provisioning:ro" in mounts
+
+
+# ---------------------------------------------------------------- dashboards
+
+
+def test_dashboards_are_the_six_expected_ones() -> None:
+    titles = {d["title"] for d in DASHBOARDS}
+    assert titles == {"Training (miners)", "Validators", "Network and performance",
+                      "System and GPU", "Logs", "Telemetry health"}
+
+
+def test_committed_json_is_what_the_builder_generates() -> None:
+    rendered = _builder().render()
+    on_disk = {p.name: p.read_text(encoding="utf-8")
+               for p in (GRAFANA / "dashboards").glob("*.json")}
+    assert set(on_disk) == set(rendered), "run python grafana/build_dashboards.py"
+    for name, text in rendered.items():
+        assert on_disk[name] == text, f"{name} is stale: run python grafana/build_dashboards.py"
+
+
+def test_builder_check_mode_reports_a_stale_file(tmp_path: Path) -> None:
+    builder = _builder()
+    assert builder.main(["--out", str(tmp_path)]) == 0
+    assert builder.main(["--check", "--out", str(tmp_path)]) == 0
+    (tmp_path / "logs.json").write_text("{}")
+    assert builder.main(["--check", "--out", str(tmp_path)]) == 1
+
+
+def test_builder_knows_every_drop_reason_of_the_catalog() -> None:
+    assert tuple(_builder().DROP_REASONS) == DROP_REASONS
+
+
+def test_dashboard_json_is_valid_with_unique_uids_and_panel_ids() -> None:
+    uids = [d["uid"] for d in DASHBOARDS]
+    assert len(uids) == len(set(uids))
+    for dashboard in DASHBOARDS:
+        json.dumps(dashboard)
+        ids = [p["id"] for p in dash.iter_panels(dashboard)]
+        assert len(ids) == len(set(ids)), dashboard["uid"]
+        assert all(isinstance(i, int) for i in ids)
+        for panel in dash.iter_panels(dashboard):
+            grid = panel["gridPos"]
+            assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24, panel["title"]
+
+
+def test_panels_do_not_overlap() -> None:
+    for dashboard in DASHBOARDS:
+        cells: dict[tuple[int, int], str] = {}
+        for panel in dashboard["panels"]:
+            g = panel["gridPos"]
+            for x in range(g["x"], g["x"] + g["w"]):
+                for y in range(g["y"], g["y"] + g["h"]):
+                    assert (x, y) not in cells, f"{panel['title']} overlaps {cells[(x, y)]}"
+                    cells[(x, y)] = panel["title"]
+
+
+def test_every_panel_and_target_resolves_to_a_provisioned_datasource() -> None:
+    for dashboard in DASHBOARDS:
+        for panel in dash.iter_panels(dashboard):
+            if panel["type"] == "row":
+                continue
+            assert panel["datasource"]["uid"] in DATASOURCES, panel["title"]
+            assert panel["targets"], panel["title"]
+    for query in QUERIES:
+        assert query.datasource_uid in DATASOURCES, query.where
+        assert query.datasource_type == DATASOURCES[query.datasource_uid], query.where
+        assert query.text.strip(), query.where
+
+
+def test_every_dashboard_filters_by_network_role_uid_and_version() -> None:
+    for dashboard in DASHBOARDS:
+        variables = dash.variables_of(dashboard)
+        assert {"network", "role", "uid", "version"} <= set(variables), dashboard["uid"]
+        for name in ("network", "role", "uid", "version"):
+            variable = variables[name]
+            assert variable["type"] == "query"
+            assert variable["includeAll"] and variable["multi"]
+            assert variable["datasource"]["uid"] in DATASOURCES
+
+
+def test_influx_variables_are_show_tag_values_queries() -> None:
+    for query in INFLUX_QUERIES:
+        if query.source == "variable":
+            assert query.text.startswith("SHOW TAG VALUES"), query.where
+
+
+def test_loki_variables_are_label_values() -> None:
+    for query in LOKI_QUERIES:
+        if query.source == "variable":
+            assert query.text.startswith("label_values("), query.where
+
+
+def test_logs_dashboard_has_a_search_box_used_by_its_log_panels() -> None:
+    logs = next(d for d in DASHBOARDS if d["uid"] == "telemetry-logs")
+    assert dash.variables_of(logs)["search"]["type"] == "textbox"
+    log_panels = [p for p in dash.iter_panels(logs) if p["type"] == "logs"]
+    assert log_panels
+    for panel in log_panels:
+        assert "$search" in panel["targets"][0]["expr"]
+
+
+# ---------------------------------------------------------------- catalog
+
+
+def check_influxql(text: str) -> list[str]:
+    """Every reason `text` names something the catalog does not define."""
+    refs = dash.influxql_references(text)
+    errors = list(refs.problems)
+    unknown = refs.measurements - set(CATALOG)
+    errors += [f"unknown measurement {m!r}" for m in sorted(unknown)]
+    known = [CATALOG[m] for m in refs.measurements if m in CATALOG]
+    if known:
+        fields = set().union(*(m.field_names for m in known)) | refs.aliases
+        tags = set().union(*(m.tag_names for m in known))
+    else:  # SHOW TAG VALUES without FROM looks at every measurement
+        fields, tags = refs.aliases, ALL_TAGS
+    errors += [f"unknown field {f!r}" for f in sorted(refs.fields - fields)]
+    errors += [f"unknown tag {t!r}" for t in sorted((refs.tags | refs.show_tag_keys) - tags)]
+    return errors
+
+
+@pytest.mark.parametrize("query", INFLUX_QUERIES, ids=lambda q: q.where)
+def test_influxql_names_only_catalog_measurements_fields_and_tags(query: dash.Query) -> None:
+    assert check_influxql(query.text) == [], query.text
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('SELECT mean("loss") FROM "training_steps" WHERE $timeFilter',
+         "unknown measurement 'training_steps'"),
+        ('SELECT mean("los") FROM "training_step" WHERE $timeFilter', "unknown field 'los'"),
+        ('SELECT mean("loss") FROM "training_step" WHERE "host" =~ /^x$/',
+         "unknown tag 'host'"),
+        ('SELECT mean("loss") FROM "training_step" GROUP BY time(1m), "eval_uid"',
+         "unknown tag 'eval_uid'"),
+        ('SHOW TAG VALUES FROM "gpu" WITH KEY = "sink"', "unknown tag 'sink'"),
+        ("SELECT mean(loss) FROM training_step", "unquoted"),
+        ('SELECT "score" FROM (SELECT mean("nope") AS "score" FROM "validator_scores")',
+         "unknown field 'nope'"),
+    ],
+)
+def test_the_catalog_check_catches_mistakes(text: str, expected: str) -> None:
+    assert any(expected in error for error in check_influxql(text)), check_influxql(text)
+
+
+def test_the_catalog_check_accepts_aliases_of_a_subquery() -> None:
+    text = ('SELECT sum("tps") AS "tps" FROM (SELECT mean("tokens_per_sec") AS "tps" '
+            'FROM "training_step" GROUP BY time(1m), "uid") GROUP BY time(1m)')
+    assert check_influxql(text) == []
+
+
+def test_dashboards_cover_what_operators_asked_for() -> None:
+    """The fields each dashboard must chart, per the issue."""
+    wanted = {
+        "telemetry-training": {"loss", "learning_rate", "grad_norm_mean", "grad_norm_max",
+                               "tokens_per_sec"},
+        "telemetry-validators": {"loss_before", "loss_after", "improvement", "score",
+                                 "weight"},
+        "telemetry-network": {"active_peers", "is_synced", "sync_lag_windows",
+                              "gather_success_rate", "compression_ratio", "tokens_per_sec"},
+        "telemetry-system": {"cpu_percent", "memory_percent", "allocated_bytes",
+                             "reserved_bytes", "utilization_percent"},
+        "telemetry-health": {"queued", "sent", "retries", "pending",
+                             *(f"dropped_{reason}" for reason in DROP_REASONS)},
+    }
+    for uid, fields in wanted.items():
+        named: set[str] = set()
+        for query in INFLUX_QUERIES:
+            if query.dashboard_uid == uid:
+                named |= dash.influxql_references(query.text).fields
+        assert fields <= named, f"{uid} misses {sorted(fields - named)}"
+
+
+# ---------------------------------------------------------------- loki
+
+
+@pytest.mark.parametrize("query", LOKI_QUERIES, ids=lambda q: q.where)
+def test_logql_uses_only_the_handlers_stream_labels(query: dash.Query) -> None:
+    refs = dash.logql_references(query.text)
+    assert refs.problems == ()
+    assert refs.stream_labels <= dash.LOKI_STREAM_LABELS, query.text
+    allowed = set(dash.LOKI_STREAM_LABELS)
+    if refs.parses_json:
+        allowed |= dash.LOKI_BODY_KEYS
+    assert refs.grouping_labels <= allowed, query.text
+
+
+def test_logql_check_catches_an_unknown_label_and_a_body_field_without_json() -> None:
+    refs = dash.logql_references('sum by (logger) (count_over_time({job="x"}[1m]))')
+    assert "job" in refs.stream_labels - dash.LOKI_STREAM_LABELS
+    assert not refs.parses_json and "logger" not in dash.LOKI_STREAM_LABELS
+
+
+@pytest.mark.parametrize("query", [q for q in LOKI_QUERIES if q.source == "panel"],
+                         ids=lambda q: q.where)
+def test_logql_selectors_stay_valid_with_everything_selected(query: dash.Query) -> None:
+    """Loki rejects a selector whose every matcher matches the empty string."""
+    dashboard = next(d for d in DASHBOARDS if d["uid"] == query.dashboard_uid)
+    time_range = dash.TimeRange.last(timedelta(hours=1))
+    text = dash.expand(query, time_range, dash.all_selected(dashboard), dashboard=dashboard)
+    for selector in re.findall(r"\{([^{}]*)\}", text):
+        matchers = re.findall(r'(\w+)\s*(=~|=)\s*"((?:[^"\\]|\\.)*)"', selector)
+        assert matchers, selector
+        non_empty = [value for _, op, value in matchers
+                     if (op == "=" and value) or (op == "=~" and not re.fullmatch(value, ""))]
+        assert non_empty, f"{query.where}: every matcher accepts empty: {selector}"
