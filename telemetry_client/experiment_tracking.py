@@ -23,6 +23,7 @@ import re
 import secrets
 import string
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -313,6 +314,7 @@ class VersionedRun:
         self._open_step = False
         self._state = state
         self._state_path = state_path
+        self._lock = threading.Lock()  # loggers on several threads must not share a step by accident
 
     @property
     def run(self) -> Any:
@@ -335,20 +337,21 @@ class VersionedRun:
         The step is written as the `global_step` value, never as W&B's internal step,
         so a step lower than one already seen (a restart, a replay) is kept rather than
         dropped. Without `step`, the step after the highest one seen is used (or the
-        same step while the previous call had commit=False). A `global_step` key in `metrics` is
-        taken as the step.
+        same step while the previous call had commit=False). A `global_step` key in
+        `metrics` is taken as the step.
         """
         values = dict(metrics)
         given = values.pop(STEP_METRIC, None)
         if step is None and given is not None:
             step = int(given)
-        if step is None:
-            previous = -1 if self._last_step is None else self._last_step
-            step = previous if self._open_step else previous + 1
-        step = int(step)
-        self._open_step = commit is False
-        if self._last_step is None or step > self._last_step:
-            self._last_step = step
+        with self._lock:
+            if step is None:
+                previous = -1 if self._last_step is None else self._last_step
+                step = previous if self._open_step else previous + 1
+            step = int(step)
+            self._open_step = commit is False
+            if self._last_step is None or step > self._last_step:
+                self._last_step = step
 
         record: dict[str, Any] = {STEP_METRIC: step}
         if "step" not in values:

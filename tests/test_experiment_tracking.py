@@ -266,6 +266,9 @@ def test_version_history_accumulates_across_processes(two_runs: TwoRuns) -> None
     assert second["current_version"] == "1.1.0"
     assert second["lr"] == 0.01 and second["batch"] == 8
     assert run_record(two_runs.logs[1]).tags == ["v1.1.0"]
+    state = json.loads((two_runs.wandb_dir / "wandb_run_state_miner3.json").read_text())
+    assert state["version_history"] == ["1.0.0", "1.1.0"]
+    assert state["last_step"] == 200
 
 
 # ---------------------------------------------------------------------------
@@ -316,6 +319,7 @@ def test_log_writes_global_step_and_keeps_lower_steps(offline: Path) -> None:
     assert [row["global_step"] for row in rows] == [10, 3, 11, 12]
     assert [row["latest/loss"] for row in rows[:3]] == [0.5, 0.7, 0.4]
     assert rows[3]["v2.3/acc"] == 0.9 and rows[3]["v2.3/grad"] == 2.0
+    assert [row["v2.3/step"] for row in rows] == [10, 3, 11, 12]
     # The caller's step never reaches W&B's own step counter.
     assert [row["_step"] for row in rows] == [0, 1, 2, 3]
     state = json.loads((offline / "wandb_run_state_agg1.json").read_text())
