@@ -14,4 +14,4 @@ if [ -z "${INFLUXDB_READ_TOKEN:-}" ]; then
   INFLUXDB_READ_TOKEN="$(cat "${token_file}")"
   export INFLUXDB_READ_TOKEN
 fi
-exec /run.sh "$@"
+exec "${GRAFANA_RUN:-/run.sh}" "$@"

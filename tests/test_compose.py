@@ -1,0 +1,428 @@
+"""The local stack: compose file, Loki config, init scripts and compose/stack.sh.
+
+Everything but the last test runs here: `docker-compose config` (Debian's
+docker-compose 1.29) validates and renders the compose file without an engine.
+The last test starts the stack for real and runs only where `docker info` works.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from base64 import b64encode
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from servers import free_port, require_binary
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = ROOT / "compose"
+COMPOSE_FILE = COMPOSE / "docker-compose.yml"
+STACK = COMPOSE / "stack.sh"
+SECRETS = {
+    "INFLUXDB_ADMIN_PASSWORD": "test-password-influx",
+    "INFLUXDB_ADMIN_TOKEN": "test-token-admin",
+    "GRAFANA_ADMIN_PASSWORD": "test-password-grafana",
+}
+LONG_RUNNING = ("influxdb", "loki", "grafana")
+
+
+def versions() -> dict[str, str]:
+    """versions.env as Ansible's properties lookup reads it: KEY=value lines."""
+    found = {}
+    for line in (ROOT / "versions.env").read_text().splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        assert sep and re.fullmatch(r"[A-Z][A-Z0-9_]*", key), line
+        assert value == value.strip() and " " not in value and '"' not in value, line
+        found[key] = value
+    return found
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The process environment without anything the stack reads, plus `extra`."""
+    names = {*SECRETS, *versions(), "BIND_ADDRESS", "COMPOSE_PROJECT_NAME", "INFLUXDB_PORT",
+             "LOKI_PORT", "GRAFANA_PORT", "INFLUXDB_BUCKET", "INFLUXDB_ORG"}
+    env = {k: v for k, v in os.environ.items() if k not in names}
+    env.update(versions())
+    env.update(extra)
+    return env
+
+
+def compose_config(tmp_path: Path, env_lines: dict[str, str] | None = None,
+                   **extra: str) -> subprocess.CompletedProcess[str]:
+    binary = require_binary("docker-compose")
+    env_file = tmp_path / "test.env"
+    values = SECRETS if env_lines is None else env_lines
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+    return subprocess.run(
+        [binary, "-p", "telemetry-test", "-f", str(COMPOSE_FILE), "--env-file", str(env_file),
+         "config"],
+        capture_output=True, text=True, env=clean_env(**extra), timeout=120, check=False,
+    )
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> dict[str, Any]:
+    result = compose_config(tmp_path)
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)
+
+
+def mounts(service: dict[str, Any]) -> list[tuple[str, str]]:
+    """(source, target) of each mount, whatever syntax the compose version prints."""
+    found = []
+    for volume in service.get("volumes", []):
+        if isinstance(volume, dict):
+            found.append((volume.get("source", ""), volume["target"]))
+        else:
+            source, target = volume.split(":")[:2]
+            found.append((source, target))
+    return found
+
+
+# ---------------------------------------------------------------- versions
+
+
+def test_versions_env_pins_current_majors_never_latest() -> None:
+    pinned = versions()
+    assert set(pinned) == {"INFLUXDB_IMAGE", "LOKI_IMAGE", "GRAFANA_IMAGE"}
+    for image in pinned.values():
+        assert not image.endswith(":latest") and re.search(r":\d+\.\d+\.\d+$", image), image
+    assert pinned["INFLUXDB_IMAGE"].startswith("influxdb:2.")
+    assert pinned["LOKI_IMAGE"].startswith("grafana/loki:3.")
+    assert pinned["GRAFANA_IMAGE"].startswith("grafana/grafana:13.")
+
+
+# ---------------------------------------------------------------- compose file
+
+
+def test_compose_file_validates_and_uses_versions_env(config: dict[str, Any]) -> None:
+    services = config["services"]
+    pinned = versions()
+    assert services["influxdb"]["image"] == pinned["INFLUXDB_IMAGE"]
+    assert services["loki"]["image"] == pinned["LOKI_IMAGE"]
+    assert services["grafana"]["image"] == pinned["GRAFANA_IMAGE"]
+    for name, service in services.items():
+        assert not service["image"].endswith(":latest"), name
+        assert ":" in service["image"], name
+
+
+def test_compose_refuses_to_start_without_a_secret(tmp_path: Path) -> None:
+    partial = {k: v for k, v in SECRETS.items() if k != "GRAFANA_ADMIN_PASSWORD"}
+    result = compose_config(tmp_path, partial)
+    assert result.returncode != 0
+    assert "GRAFANA_ADMIN_PASSWORD" in result.stderr
+
+
+def test_compose_refuses_to_start_without_versions(tmp_path: Path) -> None:
+    env_file = tmp_path / "test.env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in SECRETS.items()))
+    env = {k: v for k, v in clean_env().items() if k not in versions()}
+    result = subprocess.run(
+        [require_binary("docker-compose"), "-f", str(COMPOSE_FILE), "--env-file", str(env_file),
+         "config"], capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert result.returncode != 0
+    assert "_IMAGE" in result.stderr
+
+
+def test_every_service_has_a_healthcheck_and_a_restart_policy(config: dict[str, Any]) -> None:
+    services = config["services"]
+    assert set(LONG_RUNNING) <= set(services)
+    for name in LONG_RUNNING:
+        service = services[name]
+        assert service["restart"] == "unless-stopped", name
+        test = service["healthcheck"]["test"]
+        assert test[0] in ("CMD", "CMD-SHELL") and len(test) > 1, name
+    # Any other service is a one-shot step that a long-running one waits for.
+    waited_for = {
+        dep: cond["condition"]
+        for service in services.values()
+        for dep, cond in (service.get("depends_on") or {}).items()
+    }
+    for name in set(services) - set(LONG_RUNNING):
+        assert services[name]["restart"] == "no", name
+        assert waited_for.get(name) == "service_completed_successfully", name
+
+
+def test_loki_health_check_needs_no_shell(config: dict[str, Any]) -> None:
+    assert config["services"]["loki"]["healthcheck"]["test"] == [
+        "CMD", "/usr/bin/loki", "-health"]
+
+
+def test_grafana_waits_for_healthy_backends(config: dict[str, Any]) -> None:
+    depends = config["services"]["grafana"]["depends_on"]
+    assert depends["influxdb"]["condition"] == "service_healthy"
+    assert depends["loki"]["condition"] == "service_healthy"
+
+
+def test_ports_bind_to_loopback_unless_configured(tmp_path: Path,
+                                                  config: dict[str, Any]) -> None:
+    def published(cfg: dict[str, Any]) -> list[str]:
+        return [str(p) for s in cfg["services"].values() for p in s.get("ports", [])]
+
+    ports = published(config)
+    assert len(ports) == 3
+    assert all(p.startswith("127.0.0.1:") for p in ports), ports
+    result = compose_config(tmp_path, {**SECRETS, "BIND_ADDRESS": "0.0.0.0"})
+    assert result.returncode == 0, result.stderr
+    assert all(p.startswith("0.0.0.0:") for p in published(yaml.safe_load(result.stdout)))
+
+
+def test_data_lives_in_named_volumes(config: dict[str, Any]) -> None:
+    declared = set(config["volumes"])
+    data_paths = {
+        "influxdb": {"/var/lib/influxdb2", "/etc/influxdb2"},
+        "loki": {"/loki"},
+        "grafana": {"/var/lib/grafana"},
+    }
+    for name, paths in data_paths.items():
+        by_target = {target: source for source, target in mounts(config["services"][name])}
+        for path in paths:
+            assert by_target.get(path) in declared, f"{name}:{path} is not a named volume"
+    for name, service in config["services"].items():
+        for source, target in mounts(service):
+            if not source.startswith("/"):
+                assert source in declared, f"{name}: {source}:{target}"
+
+
+def test_loki_runs_as_10001_on_a_volume_handed_to_it(config: dict[str, Any]) -> None:
+    services = config["services"]
+    assert services["loki"]["user"] == "10001:10001"
+    init = services["loki-volume-init"]
+    assert init["entrypoint"] == ["chown", "-R", "10001:10001", "/loki"]
+    assert ("loki-data", "/loki") in mounts(init)
+    assert ("loki-data", "/loki") in mounts(services["loki"])
+
+
+def test_grafana_is_locked_down_and_provisioned_from_the_repo(config: dict[str, Any]) -> None:
+    grafana = config["services"]["grafana"]
+    env = grafana["environment"]
+    assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    assert env["GF_USERS_ALLOW_SIGN_UP"] == "false"
+    assert env["GF_SECURITY_ADMIN_PASSWORD"] == SECRETS["GRAFANA_ADMIN_PASSWORD"]
+    by_target = {target: source for source, target in mounts(grafana)}
+    assert Path(by_target["/etc/grafana/provisioning"]) == ROOT / "grafana" / "provisioning"
+    assert Path(by_target["/etc/grafana/dashboards"]) == ROOT / "grafana" / "dashboards"
+    # The variables the provisioned data sources expand.
+    datasources = (ROOT / "grafana/provisioning/datasources/datasources.yml").read_text()
+    for name in set(re.findall(r"\$\{(\w+)\}", datasources)) - {"INFLUXDB_READ_TOKEN"}:
+        assert env.get(name), f"compose does not set {name} for Grafana"
+    assert env["INFLUXDB_READ_TOKEN_FILE"].startswith("/run/telemetry-tokens/")
+
+
+def test_influxdb_is_set_up_from_the_environment(config: dict[str, Any]) -> None:
+    influx = config["services"]["influxdb"]
+    env = influx["environment"]
+    assert env["DOCKER_INFLUXDB_INIT_MODE"] == "setup"
+    assert env["DOCKER_INFLUXDB_INIT_PASSWORD"] == SECRETS["INFLUXDB_ADMIN_PASSWORD"]
+    assert env["DOCKER_INFLUXDB_INIT_ADMIN_TOKEN"] == SECRETS["INFLUXDB_ADMIN_TOKEN"]
+    assert re.fullmatch(r"\d+[dhw]", env["DOCKER_INFLUXDB_INIT_RETENTION"])
+    by_target = {target: source for source, target in mounts(influx)}
+    assert Path(by_target["/docker-entrypoint-initdb.d"]) == COMPOSE / "influxdb" / "init"
+    assert by_target["/run/telemetry-tokens"] == "influxdb-tokens"
+
+
+def test_compose_file_holds_no_secret() -> None:
+    """Every secret-bearing setting is a required ${VAR:?...} expansion."""
+    raw = yaml.safe_load(COMPOSE_FILE.read_text())
+    secret_keys = ("DOCKER_INFLUXDB_INIT_PASSWORD", "DOCKER_INFLUXDB_INIT_ADMIN_TOKEN",
+                   "GF_SECURITY_ADMIN_PASSWORD")
+    seen = 0
+    for service in raw["services"].values():
+        for key, value in (service.get("environment") or {}).items():
+            if key in secret_keys:
+                seen += 1
+                assert re.fullmatch(r"\$\{[A-Z_]+:\?[^}]+\}", str(value)), key
+    assert seen == len(secret_keys)
+
+
+# ---------------------------------------------------------------- loki config
+
+
+def test_loki_config_matches_the_stack_requirements() -> None:
+    cfg = yaml.safe_load((COMPOSE / "loki" / "loki.yml").read_text())
+    schema = cfg["schema_config"]["configs"][-1]
+    assert (schema["store"], schema["schema"], schema["object_store"]) == (
+        "tsdb", "v13", "filesystem")
+    limits = cfg["limits_config"]
+    assert limits["allow_structured_metadata"] is True
+    assert cfg["compactor"]["retention_enabled"] is True
+    assert cfg["compactor"]["delete_request_store"] == "filesystem"
+    assert re.fullmatch(r"\d+h", limits["retention_period"])
+    assert cfg["analytics"]["reporting_enabled"] is False
+    assert cfg["auth_enabled"] is False
+    # A simulator flood (tens of thousands of 300-byte lines/s) fits the limits.
+    assert limits["ingestion_rate_mb"] >= 64 and limits["ingestion_burst_size_mb"] >= 128
+    assert int(limits["per_stream_rate_limit"].rstrip("MB")) >= 16
+    assert limits["max_label_names_per_series"] >= 7
+    for path in cfg["common"]["storage"]["filesystem"].values():
+        assert path.startswith(cfg["common"]["path_prefix"])
+
+
+# ---------------------------------------------------------------- scripts
+
+
+def test_scripts_parse_and_the_init_script_is_executable() -> None:
+    init = COMPOSE / "influxdb" / "init" / "10-tokens.sh"
+    # The InfluxDB image runs only executable *.sh files of its init directory.
+    assert init.stat().st_mode & stat.S_IXUSR
+    for script in (init, STACK):
+        subprocess.run(["bash", "-n", str(script)], check=True)
+    subprocess.run(["sh", "-n", str(COMPOSE / "grafana" / "entrypoint.sh")], check=True)
+
+
+def test_grafana_entrypoint_exports_the_token_from_the_shared_file(tmp_path: Path) -> None:
+    token = tmp_path / "grafana-read.token"
+    token.write_text("read-only-token-value")
+    fake_run = tmp_path / "run.sh"
+    fake_run.write_text('#!/bin/sh\necho "token=$INFLUXDB_READ_TOKEN"\n')
+    fake_run.chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "INFLUXDB_READ_TOKEN_FILE": str(token),
+           "GRAFANA_RUN": str(fake_run)}
+    result = subprocess.run(["sh", str(COMPOSE / "grafana" / "entrypoint.sh")], env=env,
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "token=read-only-token-value"
+    token.unlink()
+    missing = subprocess.run(["sh", str(COMPOSE / "grafana" / "entrypoint.sh")], env=env,
+                             capture_output=True, text=True, check=False)
+    assert missing.returncode == 1
+    assert "make clean VOLUMES=1" in missing.stderr
+
+
+def stack(*args: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    full = clean_env(STACK_ENV_FILE=str(tmp_path / "stack.env"),
+                     STACK_NODE_ENV_FILE=str(tmp_path / "node.env"), **env)
+    return subprocess.run(["bash", str(STACK), *args], capture_output=True, text=True,
+                          env=full, timeout=600, check=False)
+
+
+def test_make_up_without_an_engine_says_what_is_missing(tmp_path: Path) -> None:
+    result = stack("up", tmp_path=tmp_path, DOCKER_HOST=f"unix://{tmp_path}/no-engine.sock")
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Docker engine" in lines[0] and "install" in lines[0], lines
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not (tmp_path / "stack.env").exists()
+
+
+def test_make_up_without_docker_installed_says_so(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bash", "dirname", "timeout"):
+        (bin_dir / tool).symlink_to(shutil.which(tool) or f"/usr/bin/{tool}")
+    result = stack("up", tmp_path=tmp_path, PATH=str(bin_dir))
+    assert result.returncode != 0
+    assert result.stderr.strip().startswith("Docker is not installed")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_env_file_gets_random_private_secrets_once(tmp_path: Path) -> None:
+    first = stack("env", tmp_path=tmp_path)
+    assert first.returncode == 0, first.stderr
+    path = tmp_path / "stack.env"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    values = dict(line.split("=", 1) for line in path.read_text().splitlines()
+                  if line and not line.startswith("#"))
+    for key in SECRETS:
+        assert len(values[key]) >= 32 and values[key].isalnum(), key
+    assert len({values[k] for k in SECRETS}) == len(SECRETS)
+    before = path.read_text()
+    assert stack("env", tmp_path=tmp_path).returncode == 0
+    assert path.read_text() == before, "an existing env file must be kept"
+    other = tmp_path / "other"
+    other.mkdir()
+    assert stack("env", tmp_path=other).returncode == 0
+    assert (other / "stack.env").read_text() != before
+    # The generated file is all compose needs besides versions.env.
+    rendered = compose_config(tmp_path, values)
+    assert rendered.returncode == 0, rendered.stderr
+
+
+def test_stack_refuses_a_floating_version(tmp_path: Path) -> None:
+    floating = tmp_path / "versions.env"
+    floating.write_text((ROOT / "versions.env").read_text().replace(
+        versions()["LOKI_IMAGE"], "grafana/loki:latest"))
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    docker = fake_bin / "docker"  # an engine that answers, so the version check runs
+    docker.write_text("#!/bin/sh\nexit 0\n")
+    docker.chmod(0o755)
+    result = stack("up", tmp_path=tmp_path, VERSIONS_FILE=str(floating),
+                   PATH=f"{fake_bin}:{os.environ['PATH']}")
+    assert result.returncode != 0
+    assert "LOKI_IMAGE must pin a version" in result.stderr
+    assert not (tmp_path / "stack.env").exists()
+
+
+# ---------------------------------------------------------------- real stack
+
+
+def docker_engine() -> str | None:
+    """Why the real-stack test cannot run here, or None when it can."""
+    if not shutil.which("docker"):
+        return "the docker CLI is not installed"
+    try:
+        result = subprocess.run(["docker", "info"], capture_output=True, timeout=30,
+                                check=False)
+    except subprocess.TimeoutExpired:
+        return "docker info timed out"
+    return None if result.returncode == 0 else "no Docker engine is reachable (docker info failed)"
+
+
+def http_status(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(docker_engine() is not None, reason=str(docker_engine()))
+def test_make_up_brings_every_service_up_healthy(tmp_path: Path) -> None:
+    ports = {"INFLUXDB_PORT": free_port(), "LOKI_PORT": free_port(),
+             "GRAFANA_PORT": free_port()}
+    env_file = tmp_path / "stack.env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in {
+        **{k: f"{v}-{os.getpid()}{int(time.time())}" for k, v in SECRETS.items()},
+        **ports, "BIND_ADDRESS": "127.0.0.1"}.items()))
+    env_file.chmod(0o600)
+    make_env = {"STACK_ENV_FILE": str(env_file), "STACK_NODE_ENV_FILE": str(tmp_path / "node"),
+                "COMPOSE_PROJECT_NAME": f"telemetry-test-{os.getpid()}"}
+    make = require_binary("make")
+    try:
+        up = subprocess.run([make, "-C", str(ROOT), "up"], capture_output=True, text=True,
+                            env=clean_env(**make_env), timeout=600, check=False)
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "The local stack is up." in up.stdout
+        base = "http://127.0.0.1"
+        assert http_status(f"{base}:{ports['INFLUXDB_PORT']}/health")[0] == 200
+        assert http_status(f"{base}:{ports['LOKI_PORT']}/ready")[0] == 200
+        status, body = http_status(f"{base}:{ports['GRAFANA_PORT']}/api/health")
+        assert status == 200 and b'"database"' in body
+        password = next(line.split("=", 1)[1] for line in env_file.read_text().splitlines()
+                        if line.startswith("GRAFANA_ADMIN_PASSWORD="))
+        auth = {"Authorization": "Basic " + b64encode(f"admin:{password}".encode()).decode()}
+        for uid in ("influxdb", "loki"):
+            status, body = http_status(
+                f"{base}:{ports['GRAFANA_PORT']}/api/datasources/uid/{uid}/health", auth)
+            assert status == 200, (uid, body)
+        assert http_status(f"{base}:{ports['GRAFANA_PORT']}/api/search")[0] == 401
+        node_env = (tmp_path / "node").read_text()
+        assert "INFLUXDB_TOKEN=" in node_env
+    finally:
+        subprocess.run([make, "-C", str(ROOT), "clean", "VOLUMES=1"], capture_output=True,
+                       env=clean_env(**make_env), timeout=300, check=False)
