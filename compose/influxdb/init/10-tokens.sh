@@ -17,6 +17,8 @@ bucket="${DOCKER_INFLUXDB_INIT_BUCKET:?}"
 
 umask 077
 mkdir -p "${tokens_dir}"
+# Grafana (another uid) must reach its own file, and list nothing else.
+chmod 0711 "${tokens_dir}"
 
 # InfluxQL (Grafana's dashboards, decision 3) finds the bucket through a DBRP
 # mapping: database = bucket name, retention policy "autogen". Recent servers
