@@ -20,7 +20,7 @@ import math
 import statistics
 from collections.abc import Callable, Mapping
 
-from telemetry_client.line_protocol import valid_key
+from telemetry_client.line_protocol import escape_key, format_field, valid_key
 from telemetry_client.self_log import warn
 
 DEFAULT_MAX_STRING_BYTES = 64 * 1024
@@ -115,3 +115,69 @@ def _add_list(out: dict[str, float | str], key: str, items: list[object], drop: 
         return
     for stat, number in list_stats(numbers).items():
         out[f"{key}_{stat}"] = number
+
+
+class FieldEncoder:
+    """Encodes a field dict straight to line protocol, with the typing rule above.
+
+    The validated, escaped and sorted key order is cached per key set. When every
+    value is a finite float (or an int below 1e16, whose text is the same), the
+    whole field set is formatted by one `%` operation: the common training step
+    costs a few microseconds on the sender thread. Other values take the general
+    path, field by field. Output is identical either way.
+    """
+
+    MAX_PLANS = 4096
+
+    def __init__(self, max_string_bytes: int = DEFAULT_MAX_STRING_BYTES) -> None:
+        self.max_string_bytes = max_string_bytes
+        self._plans: dict[tuple, _Plan] = {}
+
+    def _plan(self, keys: tuple) -> _Plan:
+        plan = _Plan(keys)
+        if len(self._plans) < self.MAX_PLANS:
+            self._plans[keys] = plan
+        return plan
+
+    def encode(self, fields: Mapping[object, object], drop: Drop) -> str:
+        """`key=value,...` sorted by key; empty when no field survives (the caller counts that)."""
+        keys = tuple(fields)
+        plan = self._plans.get(keys) or self._plan(keys)
+        if plan.template is not None:
+            values = tuple(map(fields.__getitem__, plan.keys))
+            types = set(map(type, values))
+            if types == _FLOAT or (types <= _NUMBER and _small_ints(values)):
+                total = sum(values)
+                if total - total == 0.0:  # every value finite
+                    return (plan.template % values).replace(".0,", ",")[:-1]
+        parts = []
+        for key, prefix in plan.entries:
+            if prefix is None:
+                normalize_fields({key: fields[key]}, drop)  # counts and warns about the invalid key
+                continue
+            for name, clean in sorted(normalize_fields({key: fields[key]}, drop, self.max_string_bytes).items()):
+                parts.append(f"{escape_key(name)}={format_field(clean)}")
+        return ",".join(parts)
+
+
+_FLOAT = {float}
+_NUMBER = {float, int}
+
+
+def _small_ints(values: tuple) -> bool:
+    return all(-1e16 < value < 1e16 for value in values if type(value) is int)
+
+
+class _Plan:
+    """The sorted, escaped field keys of one key set, and a `%` template when all keys are valid."""
+
+    __slots__ = ("entries", "keys", "template")
+
+    def __init__(self, keys: tuple) -> None:
+        self.entries = sorted(
+            ((key, f"{escape_key(key)}=" if valid_key(key) else None) for key in keys),
+            key=lambda entry: str(entry[0]),
+        )
+        self.keys = tuple(key for key, _ in self.entries)
+        valid = all(prefix is not None for _, prefix in self.entries)
+        self.template = "".join(f"{prefix.replace('%', '%%')}%r," for _, prefix in self.entries) if valid else None

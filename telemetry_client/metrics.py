@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from telemetry_client import line_protocol as lp
-from telemetry_client.fields import DEFAULT_MAX_STRING_BYTES, list_stats, normalize_fields
+from telemetry_client.fields import DEFAULT_MAX_STRING_BYTES, FieldEncoder, list_stats
 from telemetry_client.gpu_metrics import GpuSampler
 from telemetry_client.self_log import warn
 from telemetry_client.shipping import BufferSettings, Channel, Item
@@ -81,7 +81,7 @@ class InfluxSink:
     ) -> None:
         self.transport = transport
         self.standard_tags = standard_tags
-        self.max_string_bytes = max_string_bytes
+        self.fields = FieldEncoder(max_string_bytes)
         self.system_interval = system_interval
         self.self_metrics_interval = self_metrics_interval
         self.watched: list[Channel] = []
@@ -162,12 +162,12 @@ class InfluxSink:
         if series is None:
             drop("invalid", 1)
             return
-        clean = normalize_fields(fields, drop, self.max_string_bytes)
-        if not clean:
+        encoded_fields = self.fields.encode(fields, drop)
+        if not encoded_fields:
             drop("no_fields", 1)
             return
         try:
-            line = f"{series} {lp.encode_fields(clean)} {ts}\n".encode()
+            line = f"{series} {encoded_fields} {ts}\n".encode()
         except UnicodeEncodeError:
             drop("invalid", 1)
             warn.warning("unicode", "dropped a point holding text that is not valid Unicode")

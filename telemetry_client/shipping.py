@@ -196,9 +196,12 @@ class Channel:
         return batch
 
     def _encode_intake(self) -> None:
+        """Encode up to two batches' worth of records, so that sending keeps pace with encoding."""
         intake = self._intake
         encode, emit, drop = self.sink.encode, self._emit, self._drop
-        while intake:
+        for _ in range(2 * self.settings.batch_items):
+            if not intake:
+                break
             try:
                 record = intake.popleft()
             except IndexError:
@@ -276,11 +279,15 @@ class Channel:
             warn.warning(f"{self.sink.name}:body", "%s: could not build a request", self.sink.name, exc_info=True)
             return True
         cap = None if deadline is None else deadline - time.monotonic()
+        response: Response | None = None
+        error = None
         try:
-            response: Response | None = transport.post(body, timeout_cap=cap)
-            error = None
+            pending = transport.start(body, timeout_cap=cap)
+            with self._lock:
+                self._encode_intake()  # while the server works on this batch
+            response = pending.finish()
         except TransportError as exc:
-            response, error = None, str(exc)
+            error = str(exc)
         with self._lock:
             if not self._backlog or self._backlog[0] is not batch:
                 return True  # dropped by the bounds while in flight

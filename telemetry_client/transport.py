@@ -1,11 +1,19 @@
-"""HTTP for the shipping engine: pooled connections, hard timeouts, gzip, TLS verified by default."""
+"""HTTP for the shipping engine: one kept-alive connection, hard timeouts, gzip, TLS verified by default.
+
+A request is split in two (`start` sends it, `Pending.finish` reads the answer)
+so that the sender thread can encode the next batch while the server works on
+this one. That is why this uses `http.client` directly rather than urllib3 or
+requests, whose calls send and wait in one step.
+"""
 
 from __future__ import annotations
 
 import gzip
+import http.client
+import socket
+import ssl
+import urllib.parse
 from dataclasses import dataclass
-
-import urllib3
 
 
 class TransportError(Exception):
@@ -19,8 +27,30 @@ class Response:
     retry_after: str | None
 
 
+class Pending:
+    """A request that has been sent; `finish()` waits for and returns its response."""
+
+    def __init__(self, transport: HttpTransport, connection: http.client.HTTPConnection, read_timeout: float) -> None:
+        self._transport = transport
+        self._connection = connection
+        self._read_timeout = read_timeout
+
+    def finish(self) -> Response:
+        try:
+            if self._connection.sock is not None:
+                self._connection.sock.settimeout(self._read_timeout)
+            response = self._connection.getresponse()
+            body = response.read()
+            if response.will_close:
+                self._transport.disconnect()
+            return Response(response.status, body, response.getheader("Retry-After"))
+        except (OSError, http.client.HTTPException) as exc:
+            self._transport.disconnect()
+            raise TransportError(_describe(exc)) from exc
+
+
 class HttpTransport:
-    """POSTs request bodies to one URL over a reused connection."""
+    """POSTs request bodies to one URL over one reused connection."""
 
     def __init__(
         self,
@@ -34,6 +64,13 @@ class HttpTransport:
         compress: bool = True,
     ) -> None:
         self.url = url
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ValueError(f"not an http(s) URL: {url!r}")
+        self._https = parsed.scheme == "https"
+        self._host = parsed.hostname
+        self._port = parsed.port or (443 if self._https else 80)
+        self._target = parsed.path + (f"?{parsed.query}" if parsed.query else "")
         self.headers = dict(headers or {})
         self.verify_tls = verify_tls
         self.ca_certs = ca_certs
@@ -42,42 +79,72 @@ class HttpTransport:
         self.compress = compress
         if compress:
             self.headers["Content-Encoding"] = "gzip"
-        self._pool = self._new_pool()
+        self._tls: ssl.SSLContext | None = None
+        self._connection: http.client.HTTPConnection | None = None
 
-    def _new_pool(self) -> urllib3.PoolManager:
-        return urllib3.PoolManager(
-            num_pools=2,
-            maxsize=1,
-            cert_reqs="CERT_REQUIRED" if self.verify_tls else "CERT_NONE",
-            ca_certs=self.ca_certs,
-            retries=False,
-        )
+    def _tls_context(self) -> ssl.SSLContext:
+        if self._tls is None:
+            context = ssl.create_default_context(cafile=self.ca_certs)
+            if not self.verify_tls:
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+            self._tls = context
+        return self._tls
+
+    def _connect(self, timeout: float) -> http.client.HTTPConnection:
+        if self._https:
+            connection: http.client.HTTPConnection = http.client.HTTPSConnection(
+                self._host, self._port, timeout=timeout, context=self._tls_context()
+            )
+        else:
+            connection = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+        connection.connect()
+        connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return connection
+
+    def disconnect(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
 
     def reset(self) -> None:
-        """Drop pooled connections; a forked child must not share its parent's sockets."""
-        self._pool = self._new_pool()
+        """Forget the connection without closing it: a forked child must not touch its parent's socket."""
+        self._connection = None
 
     def encode_body(self, body: bytes) -> bytes:
         """Compress `body` when gzip is on (level 1: most of the gain for little CPU)."""
         return gzip.compress(body, compresslevel=1, mtime=0) if self.compress else body
 
-    def post(self, body: bytes, timeout_cap: float | None = None) -> Response:
-        """POST an already-encoded body; never waits longer than the configured timeouts."""
+    def start(self, body: bytes, timeout_cap: float | None = None) -> Pending:
+        """Send a POST of an already-encoded body; the caller reads the answer with `finish()`."""
         read = self.read_timeout if timeout_cap is None else max(0.05, min(self.read_timeout, timeout_cap))
         connect = min(self.connect_timeout, read)
-        try:
-            response = self._pool.request(
-                "POST",
-                self.url,
-                body=body,
-                headers=self.headers,
-                timeout=urllib3.Timeout(connect=connect, read=read),
-                redirect=False,
-                preload_content=True,
-            )
-        except urllib3.exceptions.HTTPError as exc:
-            raise TransportError(f"{type(exc).__name__}: {exc}") from exc
-        return Response(response.status, response.data or b"", response.headers.get("Retry-After"))
+        for attempt in (1, 2):
+            reused = self._connection is not None
+            try:
+                if self._connection is None:
+                    self._connection = self._connect(connect)
+                connection = self._connection
+                connection.sock.settimeout(read)
+                connection.request("POST", self._target, body=body, headers=self.headers)
+                return Pending(self, connection, read)
+            except (OSError, http.client.HTTPException) as exc:
+                self.disconnect()
+                if not (reused and attempt == 1):  # a kept-alive socket the server closed: one fresh try
+                    raise TransportError(_describe(exc)) from exc
+        raise AssertionError("unreachable")
+
+    def post(self, body: bytes, timeout_cap: float | None = None) -> Response:
+        """Send and wait: `start` then `finish`."""
+        return self.start(body, timeout_cap).finish()
 
     def close(self) -> None:
-        self._pool.clear()
+        self.disconnect()
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError | socket.timeout):
+        return f"timed out ({exc})" if str(exc) else "timed out"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    return f"{type(exc).__name__}: {exc}"

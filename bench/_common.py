@@ -1,0 +1,29 @@
+"""Helpers shared by the benchmark scripts: servers from tests/, percentiles."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+
+
+def percentile(sorted_values: list[float], fraction: float) -> float:
+    """The value at `fraction` (0..1) of an already sorted list."""
+    return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * fraction))]
+
+
+def caller_cost_us(call, samples: int) -> tuple[float, float]:
+    """p50 and p99 of one call's wall time in microseconds, over `samples` calls."""
+    import time
+
+    timings = []
+    clock = time.perf_counter_ns
+    for _ in range(samples):
+        start = clock()
+        call()
+        timings.append(clock() - start)
+    timings.sort()
+    return percentile(timings, 0.50) / 1000, percentile(timings, 0.99) / 1000

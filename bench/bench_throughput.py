@@ -1,0 +1,80 @@
+"""Points per second delivered from one process to a real InfluxDB 1.6.7, against the server's ceiling.
+
+The ceiling is the same data, pre-encoded into the same batches and gzip bodies,
+POSTed back to back over one connection: what the server takes when the client
+costs nothing. Both run against the same fresh server in one run.
+"""
+
+from __future__ import annotations
+
+import gzip
+import time
+
+import urllib3
+from _common import ROOT  # noqa: F401  (puts tests/ on sys.path)
+from servers import influxdb_v1
+
+from telemetry_client.metrics import MetricsLogger
+from telemetry_client.shipping import BufferSettings
+
+POINTS = 300_000
+BATCH = 5_000
+
+
+def fields_for(i: int) -> dict[str, float]:
+    return {f"field_{k}": i * 0.25 + k for k in range(10)}
+
+
+def client_rate(url: str, database: str) -> tuple[float, int]:
+    logger = MetricsLogger(
+        url=url,
+        database=database,
+        api_version=1,
+        uid=1,
+        role="miner",
+        self_metrics_interval=None,
+        buffer=BufferSettings(batch_items=BATCH, max_items=POINTS),
+    )
+    start = time.perf_counter()
+    for i in range(POINTS):
+        logger.log("throughput", {"node": str(i % 16)}, fields_for(i), timestamp=1_700_000_000_000_000_000 + i)
+    left = logger.flush(120)
+    elapsed = time.perf_counter() - start
+    sent = logger.stats()["sent"]
+    logger.close(1)
+    assert left == 0 and sent == POINTS, (left, sent)
+    return POINTS / elapsed, sent
+
+
+def ceiling_rate(url: str, database: str) -> float:
+    lines = [
+        f"ceiling,node={i % 16},role=miner,uid=1 "
+        + ",".join(f"{k}={v}" for k, v in sorted(fields_for(i).items()))
+        + f" {1_700_000_000_000_000_000 + i}\n"
+        for i in range(POINTS)
+    ]
+    bodies = [gzip.compress("".join(lines[i : i + BATCH]).encode(), 1) for i in range(0, POINTS, BATCH)]
+    pool = urllib3.PoolManager(maxsize=1)
+    headers = {"Content-Encoding": "gzip", "Content-Type": "text/plain"}
+    start = time.perf_counter()
+    for body in bodies:
+        response = pool.request("POST", f"{url}/write?db={database}&precision=n", body=body, headers=headers)
+        assert response.status == 204, response.data
+    return POINTS / (time.perf_counter() - start)
+
+
+def main() -> None:
+    with influxdb_v1() as server:
+        server.create_database("ceiling")
+        server.create_database("client")
+        ceiling = ceiling_rate(server.url, "ceiling")
+        ours, _ = client_rate(server.url, "client")
+        stored = server.rows('SELECT count("field_0") FROM "throughput"', "client")[0]["count"]
+    print(f"{POINTS} points, 10 fields, batches of {BATCH}, InfluxDB 1.6.7 on loopback")
+    print(f"server ceiling (pre-encoded batches) : {ceiling:10,.0f} points/s")
+    print(f"MetricsLogger, one process           : {ours:10,.0f} points/s  ({ours / ceiling:.0%} of the ceiling)")
+    print(f"stored by the server                 : {stored:10,} points")
+
+
+if __name__ == "__main__":
+    main()
