@@ -426,3 +426,63 @@ def test_make_up_brings_every_service_up_healthy(tmp_path: Path) -> None:
     finally:
         subprocess.run([make, "-C", str(ROOT), "clean", "VOLUMES=1"], capture_output=True,
                        env=clean_env(**make_env), timeout=300, check=False)
+
+
+FAKE_INFLUX = r"""#!/bin/bash
+# Stands in for the influx CLI: records its arguments, answers like influx 2.x.
+echo "$*" >>"$CALLS"
+case "$1 $2 $3" in
+  "v1 dbrp list") [ -n "$DBRP_EXISTS" ] && printf 'id1\ttelemetry\tbucket123\tautogen\ttrue\n'; exit 0 ;;
+  "v1 dbrp create") exit 0 ;;
+esac
+if [ "$1 $2" = "auth create" ]; then
+  case "$*" in
+    *--write-bucket*) token="write-Tok_en==" ;;
+    *) token="read-Tok_en==" ;;
+  esac
+  printf '{\n\t"id": "0a1",\n\t"description": "x",\n\t"token": "%s",\n\t"status": "active"\n}\n' "$token"
+  exit 0
+fi
+exit 3
+"""
+
+
+@pytest.mark.parametrize("mapping_exists", [False, True])
+def test_init_script_stores_a_write_and_a_read_token(tmp_path: Path,
+                                                     mapping_exists: bool) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    influx = bin_dir / "influx"
+    influx.write_text(FAKE_INFLUX)
+    influx.chmod(0o755)
+    tokens = tmp_path / "tokens"
+    calls = tmp_path / "calls"
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "CALLS": str(calls),
+        "DBRP_EXISTS": "1" if mapping_exists else "",
+        "TELEMETRY_TOKENS_DIR": str(tokens),
+        "GRAFANA_UID": str(os.getuid()),
+        "DOCKER_INFLUXDB_INIT_ORG_ID": "org123",
+        "DOCKER_INFLUXDB_INIT_BUCKET_ID": "bucket123",
+        "DOCKER_INFLUXDB_INIT_BUCKET": "telemetry",
+    }
+    result = subprocess.run(["bash", str(COMPOSE / "influxdb/init/10-tokens.sh")], env=env,
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert (tokens / "node-write.token").read_text() == "write-Tok_en=="
+    assert (tokens / "grafana-read.token").read_text() == "read-Tok_en=="
+    assert stat.S_IMODE((tokens / "node-write.token").stat().st_mode) == 0o400
+    assert stat.S_IMODE((tokens / "grafana-read.token").stat().st_mode) == 0o440
+    assert stat.S_IMODE(tokens.stat().st_mode) == 0o711
+    made = calls.read_text().splitlines()
+    writes = [c for c in made if c.startswith("auth create") and "--write-bucket bucket123" in c]
+    reads = [c for c in made if c.startswith("auth create") and "--read-bucket bucket123" in c]
+    assert len(writes) == 1 and len(reads) == 1
+    assert not any("--read-bucket" in c for c in writes)
+    assert not any("--write-bucket" in c for c in reads)
+    created = [c for c in made if c.startswith("v1 dbrp create")]
+    if mapping_exists:
+        assert created == []
+    else:
+        assert created and "--db telemetry --rp autogen --default" in created[0]
