@@ -1,0 +1,266 @@
+"""The Loki destination of the shipping engine: JSON lines, push bodies, partial rejections.
+
+Runs on the sender thread. A record captured by the handler's `emit()` becomes one
+JSON log line; a batch becomes one push body, entries of each stream sorted by
+timestamp. The line's JSON keys are `message`, `level`, `logger`, the context
+fields (flattened at the top level; a field whose name collides with one of the
+reserved keys is written as `ctx_<name>`), `pid`, `thread`, and when present
+`exception` and `stack`. Lines longer than `max_line_bytes` are truncated while
+staying valid JSON (see `fit_line`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from telemetry_client.loki_limits import (
+    LEVEL_LABEL,
+    LEVEL_VALUES,
+    TRUNCATION_MARKER,
+    cut_utf8,
+    label_string,
+    level_label,
+)
+from telemetry_client.loki_rejections import parse_rejections
+from telemetry_client.self_log import warn
+from telemetry_client.shipping import Item
+from telemetry_client.transport import HttpTransport, Response
+
+# What emit() captures on the logging thread:
+# (ts_ns, levelno, levelname, logger, message, exception text, stack text, pid, thread name,
+#  bound context, extra= fields, log_with_context fields)
+LokiRecord = tuple[
+    int, int, str, str, str, str | None, str | None, int | None, str | None, Mapping | None, dict | None, dict | None
+]
+
+RESERVED_KEYS = frozenset({"message", "level", "logger", "pid", "thread", "exception", "stack", "truncated"})
+CONTEXT_PREFIX = "ctx_"
+# Loki 3.x defaults for structured metadata (limits_config).
+MAX_METADATA_ENTRIES = 128
+MAX_METADATA_BYTES = 64_000
+ITEM_OVERHEAD_BYTES = 32  # timestamp string and JSON punctuation per entry
+_METADATA_NAME = re.compile(r"[^a-zA-Z0-9_]")
+_MARKER_BYTES = len(TRUNCATION_MARKER.encode())
+
+
+def _safe_str(value: Any) -> str:
+    try:
+        return str(value)
+    except Exception:
+        return f"<unprintable {type(value).__name__}>"
+
+
+def _non_finite(value: float) -> str:
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+
+
+def _json_default(value: Any) -> Any:
+    """JSON for values json does not know: numpy/torch scalars as numbers, the rest as text."""
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, dt.date | dt.time):
+        return value.isoformat()
+    item = getattr(value, "item", None)
+    if callable(item):
+        try:
+            scalar = item()
+        except Exception:
+            scalar = None
+        if isinstance(scalar, float) and not math.isfinite(scalar):
+            return _non_finite(scalar)
+        if isinstance(scalar, int | float | str | bool):
+            return scalar
+    return _safe_str(value)
+
+
+def _sanitize(value: Any, depth: int = 0) -> Any:
+    """A copy json can always encode: non-finite floats as text, keys as text, depth bounded."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else _non_finite(value)
+    if isinstance(value, str | int | bool) or value is None:
+        return value
+    if depth > 16:
+        return _safe_str(value)
+    if isinstance(value, Mapping):
+        return {_safe_str(k): _sanitize(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_sanitize(v, depth + 1) for v in value]
+    return _sanitize(_json_default(value), depth + 1)
+
+
+def to_json(value: Any) -> str:
+    """Compact JSON text for `value`, whatever it holds; never raises."""
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=_json_default)
+    except (ValueError, TypeError, RecursionError):
+        return json.dumps(_sanitize(value), ensure_ascii=False, separators=(",", ":"), default=_safe_str)
+
+
+def utf8(text: str) -> tuple[str, bytes]:
+    """`text` and its UTF-8 bytes; lone surrogates (undecodable file names and the like) become U+FFFD."""
+    try:
+        return text, text.encode("utf-8")
+    except UnicodeEncodeError:
+        data = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace").encode("utf-8")
+        return data.decode("utf-8"), data
+
+
+def fit_line(fields: dict[str, Any], max_bytes: int) -> tuple[str, int, bool]:
+    """The JSON line for `fields` in at most `max_bytes` bytes: (line, size, truncated).
+
+    Truncation rule: while the line is too long, the largest field is cut (a
+    non-text field is first rendered as JSON text) and ends with the marker
+    "…[truncated]"; the line gets `"truncated": true`. The line stays valid JSON.
+    Only if that cannot succeed (thousands of fields) is the raw line cut, with the
+    same marker at its end.
+    """
+    line, data = utf8(to_json(fields))
+    if len(data) <= max_bytes:
+        return line, len(data), False
+    fields = dict(fields)
+    fields["truncated"] = True
+    for _ in range(8):
+        overflow = len(data) - max_bytes
+        sizes = {k: (len(v) if isinstance(v, str) else len(to_json(v))) for k, v in fields.items() if k != "truncated"}
+        if not sizes:
+            break
+        key = max(sizes, key=sizes.__getitem__)
+        value = fields[key]
+        text = value if isinstance(value, str) else to_json(value)
+        size = len(utf8(text)[1])
+        if size <= _MARKER_BYTES:
+            break
+        fields[key] = cut_utf8(text, size - overflow - _MARKER_BYTES - 16) + TRUNCATION_MARKER
+        line, data = utf8(to_json(fields))
+        if len(data) <= max_bytes:
+            return line, len(data), True
+    line = cut_utf8(line, max_bytes - _MARKER_BYTES) + TRUNCATION_MARKER
+    return line, len(line.encode("utf-8")), True
+
+
+def metadata_name(name: str) -> str:
+    """A structured metadata name in label syntax (Loki would rewrite other characters the same way)."""
+    clean = _METADATA_NAME.sub("_", name) or "_"
+    return "_" + clean if clean[0].isdigit() else clean
+
+
+class LokiSink:
+    """Encodes log records for one set of static labels and one push URL."""
+
+    name = "loki"
+
+    def __init__(
+        self,
+        transport: HttpTransport,
+        labels: Mapping[str, str],
+        max_line_bytes: int,
+        structured_metadata: bool = False,
+    ) -> None:
+        self.transport = transport
+        self.labels = dict(labels)
+        self.max_line_bytes = max_line_bytes
+        self.structured_metadata = structured_metadata
+        self.truncated = 0  # lines shortened to fit max_line_bytes (delivered, not dropped)
+        # One stream per level value: its key (Loki's selector text) and its labels.
+        self.streams: dict[str, tuple[str, dict[str, str]]] = {}
+        self.labels_by_key: dict[str, dict[str, str]] = {}
+        for value in LEVEL_VALUES:
+            stream_labels = {**self.labels, LEVEL_LABEL: value}
+            key = label_string(stream_labels)
+            self.streams[value] = (key, stream_labels)
+            self.labels_by_key[key] = stream_labels
+
+    # -- encoding (sender thread) --
+
+    def encode(self, record: LokiRecord, emit: Callable[[Item], None], drop: Callable[[str, int], None]) -> None:
+        ts, levelno, levelname, logger, message, exception, stack, pid, thread, bound, extra, call = record
+        fields: dict[str, Any] = {"message": message, "level": levelname.lower(), "logger": logger}
+        context: dict[str, Any] = {}
+        for source in (bound, extra, call):
+            if source:
+                for key, value in source.items():
+                    key = key if isinstance(key, str) else _safe_str(key)
+                    context[CONTEXT_PREFIX + key if key in RESERVED_KEYS else key] = value
+        fields.update(context)
+        fields["pid"] = pid
+        fields["thread"] = thread
+        if exception:
+            fields["exception"] = exception
+        if stack:
+            fields["stack"] = stack
+        line, line_bytes, truncated = fit_line(fields, self.max_line_bytes)
+        if truncated:
+            self.truncated += 1
+        metadata = self._metadata(context) if self.structured_metadata and context else None
+        size = line_bytes + ITEM_OVERHEAD_BYTES
+        if metadata:
+            size += sum(len(k) + len(v.encode("utf-8")) for k, v in metadata.items())
+        key = self.streams[level_label(levelno)][0]
+        emit(((key, ts, line, metadata, line_bytes), size, key))
+
+    def _metadata(self, context: Mapping[str, Any]) -> dict[str, str] | None:
+        """Context fields as Loki structured metadata (string values), within Loki's default limits."""
+        metadata: dict[str, str] = {}
+        total = 0
+        for key, value in context.items():
+            if len(metadata) >= MAX_METADATA_ENTRIES:
+                break
+            name = metadata_name(key)
+            text = utf8(value if isinstance(value, str) else to_json(value))[0]
+            size = len(name) + len(text.encode("utf-8"))
+            if total + size > MAX_METADATA_BYTES:
+                continue  # the field stays in the line; only the metadata copy is left out
+            metadata[name] = text
+            total += size
+        return metadata or None
+
+    def build_body(self, items: Sequence[Item]) -> bytes:
+        streams: dict[str, list[tuple[int, str, dict[str, str] | None]]] = {}
+        for (key, ts, line, metadata, _), _size, _key in items:
+            entries = streams.get(key)
+            if entries is None:
+                entries = streams[key] = []
+            entries.append((ts, line, metadata))
+        body = []
+        for key, entries in streams.items():
+            entries.sort(key=lambda entry: entry[0])  # stable: equal timestamps keep their order
+            values = [
+                [str(ts), line] if metadata is None else [str(ts), line, metadata] for ts, line, metadata in entries
+            ]
+            body.append({"stream": self.labels_by_key[key], "values": values})
+        return json.dumps({"streams": body}, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+    def on_rejected(self, items: Sequence[Item], response: Response) -> list[Item] | None:
+        """After a 400: the items Loki did not name as refused (it ignores the ones it already stored)."""
+        if response.status != 400:
+            return None
+        rejections = parse_rejections(response.body.decode("utf-8", "replace"))
+        if not rejections:
+            return None
+        kept = []
+        for item in items:
+            key, ts, _line, metadata, line_bytes = item[0]
+            labels = self.labels_by_key.get(key, {})
+            if not any(r.matches(labels, ts, line_bytes, metadata) for r in rejections):
+                kept.append(item)
+        for rejection in rejections:
+            if rejection.line_longer_than is not None and rejection.line_longer_than < self.max_line_bytes:
+                warn.once(
+                    "loki:max_line_size",
+                    "Loki's max_line_size is %d bytes, below max_line_bytes=%d: lower max_line_bytes to match",
+                    rejection.line_longer_than,
+                    self.max_line_bytes,
+                )
+        if len(kept) == len(items):
+            return None  # it named nothing we sent: the batch cannot be repaired
+        return kept
+
+    def on_idle(self, now: float) -> None:
+        """Nothing periodic: the handler's counters are written by a watching MetricsLogger."""
