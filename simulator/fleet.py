@@ -12,7 +12,6 @@ controller picks that number so windows last about `--window-seconds`.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -83,7 +82,6 @@ class Targets:
     username: str | None = None
     password: str | None = None
     loki_url: str | None = None
-    loki_headers: tuple[tuple[str, str], ...] = ()
     system_interval: float = 1.0
     self_metrics_interval: float | None = 1.0
     buffer: BufferSettings = field(default_factory=BufferSettings)
@@ -326,6 +324,7 @@ class SimNode:
             "window": max(0, self.window),
             "step": self.step,
             "peer": peer,
+            "trace_id": f"{rng.getrandbits(64):016x}",
             "run_id": self.run.run_id,
         }
         if level in ("error", "critical"):
@@ -356,25 +355,14 @@ _LEVELS["critical"] = logging.CRITICAL
 
 
 def write_log(logger: Any, level: str, message: str, context: Mapping[str, Any], exc_info: bool = False) -> None:
-    """Log through the Loki logger's own API (`log_with_context`), as a node does."""
-    if hasattr(logger, "log_with_context"):
-        if exc_info:
-            logger.log_with_context(level, message, exc_info=True, **context)
-        else:
-            logger.log_with_context(level, message, **context)
+    """Log as a node does: `log_with_context` for plain lines, `exc_info` inside an except block."""
+    if exc_info:
+        logger.log(_LEVELS[level], message, exc_info=True, extra=dict(context))
     else:
-        logger.log(_LEVELS[level], message, exc_info=exc_info, extra=dict(context))
+        logger.log_with_context(level, message, **context)
 
 
 # ------------------------------------------------------------ real nodes
-
-
-def _accepts(function: Callable[..., Any], name: str) -> bool:
-    try:
-        parameters = inspect.signature(function).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
 
 
 def make_node(spec: NodeSpec, run: RunIdentity, plan: Plan, targets: Targets) -> SimNode:
@@ -400,83 +388,40 @@ def make_node(spec: NodeSpec, run: RunIdentity, plan: Plan, targets: Targets) ->
         system_metrics_interval=targets.system_interval,
         self_metrics_interval=targets.self_metrics_interval,
     )
-    logger = None
-    handler = None
-    if targets.loki_url:
-        logger, handler = make_loki_logger(spec, run, targets, metrics)
+    logger = make_loki_logger(spec, run, targets, metrics) if targets.loki_url else None
 
     def close(timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        if handler is not None:
-            handler.close_within(max(0.1, deadline - time.monotonic())) if hasattr(
-                handler, "close_within"
-            ) else _close_handler(handler, deadline)
+        if logger is not None:
+            logger.close(timeout)
         metrics.close(max(0.1, deadline - time.monotonic()))
 
     def stats() -> tuple[dict, dict]:
-        return metrics.stats(), handler_stats(handler)
+        return metrics.stats(), logger.stats() if logger is not None else {}
 
     return SimNode(spec, run, plan, metrics, logger, close, stats)
 
 
-def make_loki_logger(spec: NodeSpec, run: RunIdentity, targets: Targets, metrics: Any) -> tuple[Any, Any]:
-    """setup_loki_logger as a node calls it; returns the logger and its Loki handler."""
-    from telemetry_client import loki
+def make_loki_logger(spec: NodeSpec, run: RunIdentity, targets: Targets, metrics: Any) -> Any:
+    """setup_loki_logger as a node calls it: its own labels, host and logger, counters watched by metrics."""
+    from telemetry_client.loki import setup_loki_logger
 
-    kwargs: dict[str, Any] = {
-        "service": spec.role,
-        "uid": spec.uid,
-        "version": spec.version,
-        "environment": run.network,
-        "url": targets.loki_url,
-        "role": spec.role,
-        "metrics_logger": metrics,
-        "console": False,
-    }
-    setup = loki.setup_loki_logger
-    optional = {
-        "logger_name": f"simulator.{run.run_id}.{spec.role}.{spec.uid}",
-        "headers": dict(targets.loki_headers) or None,
-        "level": "DEBUG",
-        "buffer": targets.buffer,
-    }
-    for name, value in optional.items():
-        if value is not None and _accepts(setup, name):
-            kwargs[name] = value
-    logger = setup(**kwargs)
-    return logger, find_loki_handler(logger)
-
-
-def find_loki_handler(logger: Any) -> Any:
-    """The LokiHandler behind a logger (or logger adapter)."""
-    from telemetry_client.loki import LokiHandler
-
-    base = getattr(logger, "logger", logger)
-    for candidate in (base, getattr(base, "logger", None)):
-        for handler in getattr(candidate, "handlers", []) or []:
-            if isinstance(handler, LokiHandler):
-                return handler
-    return None
-
-
-def _close_handler(handler: Any, deadline: float) -> None:
-    flush = getattr(handler, "flush_within", None) or getattr(handler, "flush", None)
-    if flush is not None:
-        try:
-            flush(max(0.1, deadline - time.monotonic()))
-        except TypeError:
-            flush()
-    handler.close()
-
-
-def handler_stats(handler: Any) -> dict:
-    if handler is None:
-        return {}
-    stats = getattr(handler, "stats", None)
-    if callable(stats):
-        return stats()
-    channel = getattr(handler, "channel", None)
-    return channel.stats() if channel is not None else {}
+    logger = setup_loki_logger(
+        service=spec.role,
+        uid=spec.uid,
+        version=spec.version,
+        environment=run.network,
+        url=targets.loki_url,
+        role=spec.role,
+        host=f"{run.network}-{spec.role}-{spec.uid}",
+        level="DEBUG",
+        console=False,
+        buffer=targets.buffer,
+        metrics_logger=metrics,
+        logger_name=f"simulator.{run.run_id}.{spec.role}.{spec.uid}",
+    )
+    logger.logger.propagate = False  # the fleet's lines go to Loki only, not to the simulator's console
+    return logger
 
 
 def role_counts(miners: int, validators: int, aggregators: int, evaluators: int) -> dict[str, int]:

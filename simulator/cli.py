@@ -1,0 +1,452 @@
+"""`python -m simulator`: flood the stack with a simulated network, then validate every dashboard.
+
+The target stack comes from flags or the client library's own environment
+variables (INFLUXDB_URL or INFLUXDB_HOST/INFLUXDB_PORT, INFLUXDB_DATABASE,
+INFLUXDB_ORG, INFLUXDB_API_VERSION, INFLUXDB_TOKEN, INFLUXDB_USERNAME,
+INFLUXDB_PASSWORD, LOKI_URL and LOKI_USERNAME/LOKI_PASSWORD/LOKI_BEARER_TOKEN),
+so the simulator reaches exactly what a node configured the same way reaches.
+Secrets are read from the environment or from files, never from flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from simulator import dashboards as dash
+from simulator import fleet as fl
+from simulator import load
+from simulator import report as rp
+from simulator import validate as vd
+from simulator.grafana_api import GrafanaClient, GrafanaError
+
+DATASOURCE_TYPES = ("influxdb", "loki")
+# Stores make writes visible after a moment; this is how long a missing count is re-checked.
+DEFAULT_SETTLE = 5.0
+
+
+class UsageError(Exception):
+    """A flag or environment variable is missing or wrong; the message says which and how to fix it."""
+
+
+def _env(name: str) -> str | None:
+    return os.environ.get(name) or None
+
+
+def _positive(kind: type) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    return parse
+
+
+def _non_negative(kind: type) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m simulator",
+        description=(
+            "Flood the telemetry stack with a simulated training network (miners, validators, aggregators, "
+            "evaluators using telemetry_client as real nodes do), then run every provisioned dashboard query "
+            "over the run's time window and account for every point and log line sent."
+        ),
+        epilog=(
+            "Environment: INFLUXDB_URL (or INFLUXDB_HOST, INFLUXDB_PORT), INFLUXDB_DATABASE, INFLUXDB_ORG, "
+            "INFLUXDB_API_VERSION, INFLUXDB_TOKEN (writes), INFLUXDB_READ_TOKEN (validation queries; defaults to "
+            "INFLUXDB_TOKEN), INFLUXDB_USERNAME/INFLUXDB_PASSWORD (InfluxDB 1.x), LOKI_URL, LOKI_USERNAME/"
+            "LOKI_PASSWORD or LOKI_BEARER_TOKEN, GRAFANA_URL, GRAFANA_TOKEN or GRAFANA_USER/GRAFANA_PASSWORD. "
+            "Exit code: 0 all OK; bits 1 = a query EMPTY or ERROR, 2 = usage error, 4 = records lost, "
+            "8 = the fleet or a store failed (they add up)."
+        ),
+    )
+    nodes = parser.add_argument_group("fleet")
+    nodes.add_argument("--miners", type=_non_negative(int), default=32, help="simulated miners (default: 32)")
+    nodes.add_argument("--validators", type=_non_negative(int), default=4, help="simulated validators (default: 4)")
+    nodes.add_argument("--aggregators", type=_non_negative(int), default=1, help="simulated aggregators (default: 1)")
+    nodes.add_argument("--evaluators", type=_non_negative(int), default=1, help="simulated evaluators (default: 1)")
+    nodes.add_argument(
+        "--network",
+        default="simnet",
+        help="network name: the `network` tag and the Loki `environment` label (default: simnet)",
+    )
+    nodes.add_argument(
+        "--run-id",
+        help="id of this run; every node's runtime_id starts with it, which scopes the accounting "
+        "(default: sim-<random hex>)",
+    )
+    nodes.add_argument("--seed", type=int, default=0, help="seed of every signal: same seed, same values (default: 0)")
+    nodes.add_argument(
+        "--window-seconds",
+        type=_positive(float),
+        default=2.0,
+        help="wall-clock length of a training window at the target rate; small values fill minutes of "
+        "dashboards in seconds (default: 2)",
+    )
+    rate = parser.add_argument_group("load")
+    rate.add_argument(
+        "--points-per-sec", type=_non_negative(float), default=2000.0, help="target points/s, all nodes (default: 2000)"
+    )
+    rate.add_argument(
+        "--lines-per-sec", type=_non_negative(float), default=200.0, help="target log lines/s, all nodes (default: 200)"
+    )
+    rate.add_argument("--duration", type=_positive(float), default=30.0, help="seconds of load (default: 30)")
+    rate.add_argument(
+        "--ramp", type=_non_negative(float), default=5.0, help="seconds to ramp up linearly to the rates (default: 5)"
+    )
+    rate.add_argument(
+        "--processes",
+        type=_non_negative(int),
+        default=load.default_processes(),
+        help="worker processes, each with its own sender thread; 0 runs the fleet in this process "
+        f"(default: {load.default_processes()}, one per core up to 4)",
+    )
+    rate.add_argument(
+        "--system-interval",
+        type=_positive(float),
+        default=1.0,
+        help="seconds between a node's `system` samples (client's system_metrics_interval; default: 1)",
+    )
+    rate.add_argument(
+        "--self-metrics-interval",
+        type=_positive(float),
+        default=1.0,
+        help="seconds between a node's `telemetry_client` self-metrics points (default: 1)",
+    )
+    rate.add_argument(
+        "--close-timeout",
+        type=_positive(float),
+        default=30.0,
+        help="seconds the fleet may take to deliver what is buffered at the end (default: 30)",
+    )
+    target = parser.add_argument_group("stack (flags win over the environment)")
+    target.add_argument("--influxdb-url", help="InfluxDB base URL (env INFLUXDB_URL, or INFLUXDB_HOST/INFLUXDB_PORT)")
+    target.add_argument("--influxdb-database", help="database (1.x) or bucket (2.x) (env INFLUXDB_DATABASE; telemetry)")
+    target.add_argument("--influxdb-org", help="organisation, InfluxDB 2.x (env INFLUXDB_ORG; default: telemetry)")
+    target.add_argument(
+        "--influxdb-api-version",
+        type=int,
+        choices=(1, 2),
+        help="1 for InfluxDB 1.x (/write, user/password), 2 for /api/v2/write with a token "
+        "(env INFLUXDB_API_VERSION; default: 2)",
+    )
+    target.add_argument("--influxdb-token-file", help="file holding the write token (else env INFLUXDB_TOKEN)")
+    target.add_argument(
+        "--influxdb-read-token-file",
+        help="file holding a read token for the validation queries (else env INFLUXDB_READ_TOKEN, "
+        "else the write token)",
+    )
+    target.add_argument("--loki-url", help="Loki base URL (env LOKI_URL); without one the fleet writes no logs")
+    target.add_argument("--grafana-url", help="run the queries through Grafana's /api/ds/query (env GRAFANA_URL)")
+    target.add_argument(
+        "--grafana-token-file",
+        help="file holding a Grafana service account token (else env GRAFANA_TOKEN, or GRAFANA_USER/GRAFANA_PASSWORD)",
+    )
+    check = parser.add_argument_group("validation and report")
+    check.add_argument(
+        "--dashboards",
+        type=Path,
+        default=dash.DASHBOARDS_DIR,
+        help="directory of dashboard JSON files (default: grafana/dashboards)",
+    )
+    check.add_argument(
+        "--datasource",
+        action="append",
+        choices=DATASOURCE_TYPES,
+        help="validate only queries of this data source type (repeatable; default: all); others are SKIPPED",
+    )
+    check.add_argument(
+        "--min-interval",
+        type=_positive(float),
+        default=10.0,
+        help="lower bound of $__interval in seconds, as the data source's min interval (default: 10, the "
+        "provisioned InfluxDB data source's timeInterval); through Grafana, Grafana decides",
+    )
+    check.add_argument(
+        "--settle",
+        type=_non_negative(float),
+        default=DEFAULT_SETTLE,
+        help=f"seconds to keep re-counting stored records that are still missing (default: {DEFAULT_SETTLE:g})",
+    )
+    check.add_argument("--no-validate", action="store_true", help="flood only: no dashboard queries, no accounting")
+    check.add_argument("--report", type=Path, help="write the JSON report to this file")
+    check.add_argument("--verbose", action="store_true", help="list every query in the table, OK ones included")
+    check.add_argument("--quiet", action="store_true", help="no live progress and no tables (the exit code remains)")
+    return parser
+
+
+@dataclass(frozen=True)
+class Stack:
+    """The resolved target stack (secrets included: never printed, never in the report)."""
+
+    influx_url: str
+    database: str
+    org: str
+    api_version: int
+    token: str | None
+    read_token: str | None
+    username: str | None
+    password: str | None
+    loki_url: str | None
+    grafana: GrafanaClient | None
+
+
+def _read_secret(path: str | None, variable: str) -> str | None:
+    if path:
+        try:
+            value = Path(path).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+        if not value:
+            raise UsageError(f"{path} is empty")
+        return value
+    return _env(variable)
+
+
+def resolve_stack(args: argparse.Namespace) -> Stack:
+    """Flags first, then the client library's environment variables."""
+    url = args.influxdb_url or _env("INFLUXDB_URL")
+    if not url and _env("INFLUXDB_HOST"):
+        host = _env("INFLUXDB_HOST") or ""
+        scheme = "http" if host in ("localhost", "127.0.0.1", "::1") else "https"
+        url = f"{scheme}://{host}:{_env('INFLUXDB_PORT') or 8086}"
+    if not url:
+        raise UsageError("no InfluxDB: pass --influxdb-url or set INFLUXDB_URL (or INFLUXDB_HOST/INFLUXDB_PORT)")
+    version_text = args.influxdb_api_version or _env("INFLUXDB_API_VERSION") or 2
+    try:
+        api_version = int(version_text)
+    except ValueError:
+        raise UsageError(f"INFLUXDB_API_VERSION must be 1 or 2, got {version_text!r}") from None
+    if api_version not in (1, 2):
+        raise UsageError(f"InfluxDB API version must be 1 or 2, got {api_version}")
+    token = _read_secret(args.influxdb_token_file, "INFLUXDB_TOKEN")
+    if api_version == 2 and not token:
+        raise UsageError(
+            "InfluxDB API v2 needs a token: set INFLUXDB_TOKEN or pass --influxdb-token-file "
+            "(for InfluxDB 1.x pass --influxdb-api-version 1)"
+        )
+    read_token = _read_secret(args.influxdb_read_token_file, "INFLUXDB_READ_TOKEN") or token
+    username, password = _env("INFLUXDB_USERNAME"), _env("INFLUXDB_PASSWORD")
+    if bool(username) != bool(password):
+        raise UsageError("set both INFLUXDB_USERNAME and INFLUXDB_PASSWORD, or neither")
+    grafana = None
+    grafana_url = args.grafana_url or _env("GRAFANA_URL")
+    if grafana_url:
+        try:
+            grafana = GrafanaClient.from_env(grafana_url, args.grafana_token_file)
+        except (GrafanaError, OSError) as exc:
+            raise UsageError(str(exc)) from None
+    return Stack(
+        influx_url=url.rstrip("/"),
+        database=args.influxdb_database or _env("INFLUXDB_DATABASE") or "telemetry",
+        org=args.influxdb_org or _env("INFLUXDB_ORG") or "telemetry",
+        api_version=api_version,
+        token=token,
+        read_token=read_token if api_version == 2 else None,
+        username=username,
+        password=password,
+        loki_url=(args.loki_url or _env("LOKI_URL") or "").rstrip("/") or None,
+        grafana=grafana,
+    )
+
+
+def check_reachable(url: str, what: str) -> None:
+    """Fail fast when a store does not answer at all (any HTTP answer counts as reachable)."""
+    try:
+        with urllib.request.urlopen(url, timeout=5):
+            pass
+    except urllib.error.HTTPError:
+        return
+    except (urllib.error.URLError, OSError) as exc:
+        raise UsageError(f"{what} at {url} is unreachable: {getattr(exc, 'reason', exc)}") from None
+
+
+def public_settings(args: argparse.Namespace, stack: Stack, run: fl.RunIdentity) -> dict[str, Any]:
+    """What the report records about the run's configuration: no secret, ever."""
+    return {
+        "nodes": {
+            "miner": args.miners,
+            "validator": args.validators,
+            "aggregator": args.aggregators,
+            "evaluator": args.evaluators,
+        },
+        "points_per_sec": args.points_per_sec,
+        "lines_per_sec": args.lines_per_sec,
+        "duration": args.duration,
+        "ramp": args.ramp,
+        "processes": args.processes,
+        "window_seconds": args.window_seconds,
+        "seed": run.seed,
+        "influxdb_url": stack.influx_url,
+        "influxdb_database": stack.database,
+        "influxdb_api_version": stack.api_version,
+        "loki_url": stack.loki_url,
+        "grafana_url": stack.grafana.url if stack.grafana else None,
+        "dashboards": str(args.dashboards),
+        "datasources": sorted(args.datasource or DATASOURCE_TYPES),
+        "min_interval": args.min_interval,
+    }
+
+
+LineCounter = Callable[[dash.TimeRange], Mapping[str, int]]
+
+
+@dataclass(frozen=True)
+class _Unconfigured:
+    """Stands in for a data source the run has no address for."""
+
+    message: str
+
+    def run(self, query: dash.Query, text: str, window: dash.TimeRange, interval: timedelta) -> vd.Outcome:
+        return vd.Outcome(vd.ERROR, self.message)
+
+
+def runners_for(stack: Stack, selected: Sequence[str]) -> dict[str, vd.Runner]:
+    runners: dict[str, vd.Runner] = {}
+    if stack.grafana is not None:
+        through = vd.ThroughGrafana(stack.grafana)
+        return {kind: through for kind in selected}
+    if "influxdb" in selected:
+        runners["influxdb"] = influxql(stack)
+    if "loki" in selected:
+        runners["loki"] = (
+            vd.LokiQL(stack.loki_url)
+            if stack.loki_url
+            else _Unconfigured("no Loki URL: set --loki-url or LOKI_URL, or leave Loki out with --datasource influxdb")
+        )
+    return runners
+
+
+def influxql(stack: Stack) -> vd.InfluxQL:
+    return vd.InfluxQL.for_server(
+        stack.influx_url,
+        stack.database,
+        token=stack.read_token,
+        username=stack.username,
+        password=stack.password,
+    )
+
+
+def execute(args: argparse.Namespace, line_counter: LineCounter | None = None) -> int:
+    """Run the fleet, validate and report; returns the exit code.
+
+    `line_counter` replaces the LogQL count of stored lines (per level) where the
+    Loki endpoint cannot answer queries, e.g. a conformance receiver in tests.
+    """
+    stack = resolve_stack(args)
+    check_reachable(f"{stack.influx_url}/ping", "InfluxDB")
+    if not args.no_validate and not args.dashboards.is_dir():
+        raise UsageError(f"--dashboards {args.dashboards} is not a directory")
+    run = fl.RunIdentity(args.run_id or f"sim-{secrets.token_hex(4)}", args.network, args.seed)
+    counts = fl.role_counts(args.miners, args.validators, args.aggregators, args.evaluators)
+    specs = fl.build_specs(counts, args.seed)
+    if not specs:
+        raise UsageError("the fleet is empty: give at least one of --miners, --validators, --aggregators, --evaluators")
+    plan = fl.plan_for(specs, args.points_per_sec, args.window_seconds, args.duration)
+    targets = fl.Targets(
+        influx_url=stack.influx_url,
+        database=stack.database,
+        api_version=stack.api_version,
+        token=stack.token,
+        org=stack.org,
+        username=stack.username,
+        password=stack.password,
+        loki_url=stack.loki_url,
+        system_interval=args.system_interval,
+        self_metrics_interval=args.self_metrics_interval,
+    )
+    settings = load.LoadSettings(
+        args.points_per_sec, args.lines_per_sec, args.duration, args.ramp, args.processes, args.close_timeout
+    )
+    with load.ProgressView(settings, enabled=load.progress_enabled(args.quiet)) as progress:
+        fleet = load.run_fleet(specs, run, plan, targets, settings, progress)
+
+    checks: list[vd.QueryCheck] = []
+    delivery: list[vd.DeliveryRow] = []
+    if not args.no_validate:
+        window = dash.TimeRange(
+            datetime.fromtimestamp(fleet.started_ns / 1e9 - 1, UTC),
+            datetime.fromtimestamp(fleet.ended_ns / 1e9 + 1, UTC),
+        )
+        selected = args.datasource or list(DATASOURCE_TYPES)
+        checks = vd.check_dashboards(
+            dash.load_dashboards(args.dashboards),
+            runners_for(stack, selected),
+            window,
+            run.network,
+            min_interval=timedelta(seconds=args.min_interval),
+            through_grafana=stack.grafana is not None,
+        )
+        delivery = account_delivery(stack, fleet, window, args.settle, line_counter)
+
+    report = rp.build_report(public_settings(args, stack, run), fleet, checks, delivery)
+    if args.report:
+        rp.write_json(report, args.report)
+    if not args.quiet:
+        rp.print_report(report, verbose=args.verbose)
+    return report["summary"]["exit_code"]
+
+
+def account_delivery(
+    stack: Stack,
+    fleet: load.FleetResult,
+    window: dash.TimeRange,
+    settle: float,
+    line_counter: LineCounter | None = None,
+) -> list[vd.DeliveryRow]:
+    """Sent (client counters) against stored, per measurement and per log level."""
+    # Timestamps come from the nodes' clocks; a minute of slack either side costs nothing.
+    wide = dash.TimeRange(window.start - timedelta(minutes=1), window.end + timedelta(minutes=1))
+    influx = influxql(stack)
+    rows = vd.account(
+        "influxdb",
+        fleet.metrics.get("sent_by_key") or {},
+        lambda keys: vd.influx_counts(influx, fleet.run.run_id, wide, keys),
+        settle,
+    )
+    sent_lines = vd.lines_by_level(fleet.logs.get("sent_by_key") or {})
+    if sent_lines:
+        if line_counter is not None:
+            counter: Callable[[Sequence[str]], Mapping[str, int]] = lambda _keys: line_counter(wide)  # noqa: E731
+        elif stack.loki_url:
+            loki = vd.LokiQL(stack.loki_url)
+            counter = lambda _keys: vd.loki_line_counts(loki, fleet.run.network, fleet.run.run_id, wide)  # noqa: E731
+        else:
+            counter = lambda _keys: {}  # noqa: E731
+        rows += [
+            vd.DeliveryRow(row.store, f"lines level={row.key}", row.sent, row.stored, row.message)
+            for row in vd.account("loki", sent_lines, counter, settle)
+        ]
+    return rows
+
+
+def main(argv: Sequence[str] | None = None, line_counter: LineCounter | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return execute(args, line_counter)
+    except UsageError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return rp.EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: interrupted", file=sys.stderr)
+        return 130
