@@ -70,6 +70,7 @@ class InfluxSink:
     """Encodes records into line protocol for one logger's identity and endpoint."""
 
     name = "influxdb"
+    retains_items = False  # InfluxDB keeps the valid lines of a partial write: nothing to resend
 
     def __init__(
         self,

@@ -102,9 +102,24 @@ class Counter:
 
 @dataclass
 class _Batch:
+    """Items being collected (`items`), or a sealed batch ready to send (`body` set).
+
+    Sealing builds and compresses the request body once, so a buffer that fills
+    through an outage holds compressed bytes, and retries re-send the same body.
+    Items are kept after sealing only for sinks that need them in `on_rejected`.
+    """
+
     items: list[Item] = field(default_factory=list)
-    nbytes: int = 0
+    nbytes: int = 0  # uncompressed payload bytes, for batch sizing
     created: float = 0.0  # monotonic time of its first item
+    count: int = 0
+    body: bytes = b""
+    key_counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def memory(self) -> int:
+        """Bytes this sealed batch holds in the buffer."""
+        return len(self.body) + (self.nbytes if self.items else 0)
 
 
 class Channel:
@@ -114,6 +129,7 @@ class Channel:
         self.sink = sink
         self.settings = settings or BufferSettings()
         self._engine = get_engine()
+        self._retains_items = bool(getattr(sink, "retains_items", True))
         self._reset_state()
         self._engine.register(self)
 
@@ -185,14 +201,34 @@ class Channel:
         if not batch.items:
             return
         self._partial = _Batch()
-        self._backlog.append(batch)
-        self._backlog_items += len(batch.items)
-        self._backlog_bytes += batch.nbytes
+        self._seal(batch, append=True)
+
+    def _seal(self, batch: _Batch, append: bool) -> None:
+        """Build the batch's compressed body and put it in the backlog (at the end, or first)."""
+        items = batch.items
+        batch.count = len(items)
+        try:
+            batch.body = self.sink.transport.encode_body(self.sink.build_body(items))
+        except Exception:
+            self._drop("encode_error", batch.count)
+            warn.warning(f"{self.sink.name}:body", "%s: could not build a request", self.sink.name, exc_info=True)
+            return
+        counts = batch.key_counts
+        for item in items:
+            counts[item[2]] = counts.get(item[2], 0) + 1
+        if not self._retains_items:
+            batch.items = []
+        if append:
+            self._backlog.append(batch)
+        else:
+            self._backlog.appendleft(batch)
+        self._backlog_items += batch.count
+        self._backlog_bytes += batch.memory
 
     def _pop_oldest(self) -> _Batch:
         batch = self._backlog.popleft()
-        self._backlog_items -= len(batch.items)
-        self._backlog_bytes -= batch.nbytes
+        self._backlog_items -= batch.count
+        self._backlog_bytes -= batch.memory
         return batch
 
     def _encode_intake(self) -> None:
@@ -217,7 +253,7 @@ class Channel:
         s = self.settings
         while self._backlog and (self._backlog_items > s.max_items or self._backlog_bytes > s.max_bytes):
             lost = self._pop_oldest()
-            self._drop("buffer_full", len(lost.items))
+            self._drop("buffer_full", lost.count)
             self._attempt = 0
             warn.warning(
                 f"{self.sink.name}:full",
@@ -225,11 +261,11 @@ class Channel:
                 self.sink.name,
                 s.max_items,
                 s.max_bytes,
-                len(lost.items),
+                lost.count,
             )
         if s.max_age is not None:
             while self._backlog and now - self._backlog[0].created > s.max_age:
-                self._drop("expired", len(self._pop_oldest().items))
+                self._drop("expired", self._pop_oldest().count)
                 self._attempt = 0
 
     def pump(self, now: float, deadline: float | None) -> float:
@@ -270,14 +306,7 @@ class Channel:
     def _send(self, batch: _Batch, deadline: float | None) -> bool:
         """One attempt at the oldest batch. True when it left the backlog (sent or dropped)."""
         transport = self.sink.transport
-        try:
-            body = transport.encode_body(self.sink.build_body(batch.items))
-        except Exception:
-            with self._lock:
-                if self._backlog and self._backlog[0] is batch:
-                    self._drop("encode_error", len(self._pop_oldest().items))
-            warn.warning(f"{self.sink.name}:body", "%s: could not build a request", self.sink.name, exc_info=True)
-            return True
+        body = batch.body
         cap = None if deadline is None else deadline - time.monotonic()
         response: Response | None = None
         error = None
@@ -293,21 +322,20 @@ class Channel:
                 return True  # dropped by the bounds while in flight
             if response is not None and 200 <= response.status < 300:
                 self._pop_oldest()
-                self._delivered(batch.items, len(body))
+                self._delivered(batch)
                 return True
             if response is not None and response.status not in RETRYABLE_STATUS:
                 return self._rejected(batch, response)
             self._schedule_retry(response, error)
             return False
 
-    def _delivered(self, items: Sequence[Item], nbytes: int) -> None:
-        self.sent += len(items)
+    def _delivered(self, batch: _Batch) -> None:
+        self.sent += batch.count
         self.batches += 1
-        self.bytes_sent += nbytes
+        self.bytes_sent += len(batch.body)
         by_key = self.sent_by_key
-        for item in items:
-            key = item[2]
-            by_key[key] = by_key.get(key, 0) + 1
+        for key, count in batch.key_counts.items():
+            by_key[key] = by_key.get(key, 0) + count
         self._attempt = 0
         self._next_attempt = 0.0
 
@@ -319,24 +347,23 @@ class Channel:
             f"{self.sink.name}:rejected:{response.status}",
             "%s: server rejected a batch of %d items (HTTP %d, not retried): %s",
             self.sink.name,
-            len(batch.items),
+            batch.count,
             response.status,
             message,
         )
         retry_items = None
-        try:
-            retry_items = self.sink.on_rejected(batch.items, response)
-        except Exception:
-            warn.warning(f"{self.sink.name}:on_rejected", "%s: on_rejected failed", self.sink.name, exc_info=True)
+        if batch.items:
+            try:
+                retry_items = self.sink.on_rejected(batch.items, response)
+            except Exception:
+                warn.warning(f"{self.sink.name}:on_rejected", "%s: on_rejected failed", self.sink.name, exc_info=True)
         self._pop_oldest()
-        if retry_items and len(retry_items) < len(batch.items):
-            self._drop("rejected", len(batch.items) - len(retry_items))
+        if retry_items and len(retry_items) < batch.count:
+            self._drop("rejected", batch.count - len(retry_items))
             kept = _Batch(list(retry_items), sum(i[1] for i in retry_items), batch.created)
-            self._backlog.appendleft(kept)
-            self._backlog_items += len(kept.items)
-            self._backlog_bytes += kept.nbytes
+            self._seal(kept, append=False)
         else:
-            self._drop("rejected", len(batch.items))
+            self._drop("rejected", batch.count)
         return True
 
     def _schedule_retry(self, response: Response | None, error: str | None) -> None:
