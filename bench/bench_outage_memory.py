@@ -63,14 +63,12 @@ def main() -> None:
         time.sleep(0.01)
     stats = logger.stats()
     print(
-        f"logged {sent} points; buffered {stats['pending']} ({stats['pending_bytes'] / 2**20:.1f} MiB encoded); "
+        f"logged {sent} points; buffered {stats['pending']} ({stats['pending_bytes'] / 2**20:.1f} MiB compressed); "
         f"dropped {stats['dropped_by_reason']}"
     )
-    print(
-        f"peak RSS growth: {(peak - baseline) / 2**20:.1f} MiB "
-        f"(byte bound {BUFFER.max_bytes / 2**20:.0f} MiB of encoded lines, plus ~100 B of Python "
-        f"bookkeeping per buffered item: {BUFFER.max_items * 100 / 2**20:.0f} MiB)"
-    )
+    growth = peak - baseline
+    verdict = "within" if growth <= BUFFER.max_bytes else "OVER"
+    print(f"peak RSS growth: {growth / 2**20:.1f} MiB, {verdict} the {BUFFER.max_bytes / 2**20:.0f} MiB buffer bound")
     logger.close(0.5)
 
 
