@@ -1,4 +1,37 @@
-.PHONY: up down logs ps clean
+.PHONY: setup test lint bench simulate up down logs ps clean
+
+PYTHON ?= python3
+
+# Python packages (editable, with the development tools) and, on Debian or Ubuntu
+# as root, the real servers the tests run against.
+setup:
+	$(PYTHON) -m pip install -e '.[dev]'
+	@if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq influxdb victoria-metrics docker-compose; \
+	else \
+		echo "Install Debian's influxdb, victoria-metrics and docker-compose packages to run every test."; \
+	fi
+
+test:
+	$(PYTHON) -m pytest
+
+lint:
+	ruff check .
+	ruff format --check .
+	yamllint .
+	ansible-lint
+
+bench:
+	$(PYTHON) bench/bench_log_caller.py
+	$(PYTHON) bench/bench_throughput.py
+	$(PYTHON) bench/bench_outage_memory.py
+	$(PYTHON) bench/bench_loki_emit.py
+	$(PYTHON) bench/bench_flood.py
+
+# A short flood of the local stack started by `make up`, then every dashboard checked.
+simulate:
+	@test -f compose/node.env || { echo "compose/node.env is missing: run 'make up' first."; exit 1; }
+	@set -a; . compose/node.env; set +a; $(PYTHON) -m simulator --duration 30
 
 # The local stack (compose/): see docs/local-stack.md.
 STACK := bash compose/stack.sh
