@@ -287,11 +287,12 @@ def run_fleet(
     finals: dict[int, dict[str, Any]] = {}
     latest: dict[int, Snapshot] = {}
     started_ns = time.time_ns()
+    dead: set[int] = set()
     try:
         ready = 0
         deadline = time.monotonic() + READY_TIMEOUT
         while ready + len(errors) < len(workers):
-            kind, index, payload = _get(results, workers, deadline)
+            kind, index, payload = _get(results, workers, deadline, dead)
             if kind == "ready":
                 ready += 1
             elif kind == "error":
@@ -299,7 +300,7 @@ def run_fleet(
         started_ns = time.time_ns()
         go.set()
         while len(finals) + len(errors) < len(workers):
-            kind, index, payload = _get(results, workers, None)
+            kind, index, payload = _get(results, workers, None, dead)
             if kind == "progress":
                 latest[index] = Snapshot(**payload)
                 if progress is not None:
@@ -312,7 +313,7 @@ def run_fleet(
         # The workers got the same SIGINT; wait for their final counters.
         while len(finals) + len(errors) < len(workers):
             try:
-                kind, index, payload = _get(results, workers, time.monotonic() + settings.close_timeout + 10)
+                kind, index, payload = _get(results, workers, time.monotonic() + settings.close_timeout + 10, dead)
             except TimeoutError:
                 break
             if kind == "final":
@@ -337,22 +338,26 @@ def run_fleet(
     )
 
 
-def _get(results: Any, workers: Sequence[Any], deadline: float | None) -> tuple[str, int, Any]:
-    """Next message from a worker; a worker that died without a word becomes an error."""
+def _get(
+    results: Any, workers: Sequence[Any], deadline: float | None, dead: set[int] | None = None
+) -> tuple[str, int, Any]:
+    """Next message from a worker; a worker that died without a word becomes an error (once)."""
+    dead = set() if dead is None else dead
     while True:
         try:
             return results.get(timeout=0.25)
         except queue_module.Empty:
             pass
-        dead = [w for w in workers if w.exitcode not in (None, 0)]
-        if dead:
+        crashed = [i for i, w in enumerate(workers) if w.exitcode not in (None, 0) and i not in dead]
+        if crashed:
             try:
                 return results.get(timeout=0.5)
             except queue_module.Empty:
-                index = workers.index(dead[0])
-                return ("error", index, f"exited with code {dead[0].exitcode} without reporting")
+                dead.add(crashed[0])
+                code = workers[crashed[0]].exitcode
+                return ("error", crashed[0], f"exited with code {code} without reporting (see its stderr)")
         if deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError("worker processes did not start in time")
+            raise TimeoutError("worker processes did not report in time")
 
 
 def _sum_snapshots(snapshots: Iterable[Snapshot]) -> Snapshot:

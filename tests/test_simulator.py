@@ -1,0 +1,375 @@
+"""The simulator's parts without servers: signals, nodes, pacing, counters, report and exit codes."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from simulator import dashboards as dash
+from simulator import fleet as fl
+from simulator import load
+from simulator import report as rp
+from simulator import signals as sg
+from simulator import validate as vd
+from simulator.cli import UsageError, build_parser, resolve_stack
+from telemetry_client.catalog import CATALOG, ROLES, measurements_for_role
+from telemetry_client.fields import normalize_fields
+
+
+class Recorder:
+    """Stands in for MetricsLogger: keeps what a node logs, with the client's field typing rule applied."""
+
+    def __init__(self) -> None:
+        self.points: list[tuple[str, dict[str, str], dict[str, Any], int, bool]] = []
+        self.drops: dict[str, int] = {}
+
+    def _drop(self, reason: str, count: int) -> None:
+        self.drops[reason] = self.drops.get(reason, 0) + count
+
+    def log(
+        self,
+        measurement: str,
+        tags: Mapping[str, Any] | None = None,
+        fields: Mapping[str, Any] | None = None,
+        timestamp: int | None = None,
+        with_system_metrics: bool = False,
+        with_gpu_metrics: bool = False,
+    ) -> None:
+        clean = normalize_fields(dict(fields or {}), self._drop)
+        self.points.append((measurement, dict(tags or {}), clean, int(timestamp or 0), with_system_metrics))
+
+
+class LogRecorder:
+    """Stands in for the Loki logger."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str, dict[str, Any], bool]] = []
+
+    def log_with_context(self, level: str, message: str, **context: Any) -> None:
+        self.lines.append((level, message, context, False))
+
+    def log(self, levelno: int, message: str, exc_info: bool = False, extra: dict | None = None) -> None:
+        import logging
+        import sys
+
+        assert exc_info and sys.exc_info()[0] is not None, "errors are logged inside the except block"
+        self.lines.append((logging.getLevelName(levelno).lower(), message, dict(extra or {}), True))
+
+
+COUNTS = {"miner": 6, "validator": 2, "aggregator": 1, "evaluator": 1}
+RUN = fl.RunIdentity("sim-test", "testnet", 7)
+
+
+def _simulate(seed: int, ticks: int = 400, with_logs: bool = False) -> dict[str, tuple[Recorder, LogRecorder]]:
+    specs = fl.build_specs(COUNTS, seed)
+    plan = fl.plan_for(specs, points_per_sec=500, window_seconds=2, duration=10)
+    run = fl.RunIdentity("sim-test", "testnet", seed)
+    out = {}
+    nodes = []
+    for spec in specs:
+        recorder, logs = Recorder(), LogRecorder()
+        node = fl.SimNode(spec, run, plan, recorder, logs if with_logs else None)
+        nodes.append(node)
+        out[spec.uid] = (recorder, logs)
+    for _ in range(ticks):
+        for node in nodes:
+            node.tick()
+            if with_logs:
+                node.log_line()
+    for node in nodes:
+        node.finish()
+    return out
+
+
+# ---------------------------------------------------------------- signals
+
+
+def test_learning_rate_warms_up_then_decays_to_the_floor() -> None:
+    lrs = [sg.cosine_lr(step, 1000, 100, 3e-4, 3e-5) for step in range(1100)]
+    assert lrs[0] < lrs[50] < lrs[99] == pytest.approx(3e-4)
+    assert all(a >= b for a, b in itertools.pairwise(lrs[100:1000]))
+    assert lrs[1000] == pytest.approx(3e-5) and lrs[1099] == pytest.approx(3e-5)
+
+
+def test_miner_loss_falls_and_gradient_norms_settle() -> None:
+    miner = sg.MinerSignals(sg.node_rng(1, "miner", "9"), sg.Progress.for_steps(2000))
+    early = [miner.loss(step) for step in range(0, 50)]
+    late = [miner.loss(step) for step in range(1950, 2000)]
+    assert sum(late) / len(late) < 0.5 * sum(early) / len(early)
+    norms_early = [n for s in range(50) for n in miner.grad_norms(s) if math.isfinite(n)]
+    norms_late = [n for s in range(1950, 2000) for n in miner.grad_norms(s) if math.isfinite(n)]
+    assert sum(norms_late) / len(norms_late) < sum(norms_early) / len(norms_early)
+
+
+def test_validator_weights_are_a_distribution_favouring_better_miners() -> None:
+    uids = [str(u) for u in range(10, 20)]
+    validator = sg.ValidatorSignals(sg.node_rng(3, "validator", "0"), 3, uids, sg.Progress.for_steps(100))
+    for _ in range(30):
+        for uid in uids:
+            validator.score(uid)
+    weights = {uid: validator.weight(uid) for uid in uids}
+    assert sum(weights.values()) == pytest.approx(1.0)
+    best = max(uids, key=validator.quality.__getitem__)
+    worst = min(uids, key=validator.quality.__getitem__)
+    assert weights[best] > weights[worst]
+
+
+def test_benchmark_scores_stay_within_chance_and_ceiling() -> None:
+    evaluator = sg.EvaluatorSignals(sg.node_rng(0, "evaluator", "1"), sg.Progress.for_steps(100))
+    for task in sg.BENCHMARK_TASKS:
+        chance, ceiling = sg.TASK_RANGE[task]
+        start, end = evaluator.benchmark(task, 0)["score"], evaluator.benchmark(task, 100)["score"]
+        assert chance - 0.05 < start < end < ceiling + 0.05
+
+
+# ---------------------------------------------------------------- nodes
+
+
+def test_every_node_emits_every_catalog_measurement_of_its_role_with_every_field() -> None:
+    by_uid = _simulate(seed=1)
+    specs = {spec.uid: spec for spec in fl.build_specs(COUNTS, 1)}
+    for uid, (recorder, _) in by_uid.items():
+        role = specs[uid].role
+        seen: dict[str, set[str]] = {}
+        for measurement, tags, fields, _, _ in recorder.points:
+            seen.setdefault(measurement, set()).update(fields)
+            for tag in tags:
+                assert tag in CATALOG[measurement].tags, (measurement, tag)
+        expected = {m.name for m in measurements_for_role(role)} | {"gpu", "gpu_memory"}
+        assert set(seen) == expected, role
+        for name, fields in seen.items():
+            assert fields == set(CATALOG[name].field_names), (role, name)
+
+
+def test_role_specific_tags_and_system_metrics() -> None:
+    by_uid = _simulate(seed=2)
+    points = [p for recorder, _ in by_uid.values() for p in recorder.points]
+    eval_uids = {p[1]["eval_uid"] for p in points if p[0] == "validator_scores"}
+    miners = {s.uid for s in fl.build_specs(COUNTS, 2) if s.role == "miner"}
+    assert eval_uids == miners
+    assert {p[1]["task"] for p in points if p[0] == "evaluator_benchmark"} == set(sg.BENCHMARK_TASKS)
+    # The per-step point of every role asks the client for `system` metrics, as a node does.
+    assert {p[0] for p in points if p[4]} == {
+        "training_step",
+        "validator_scores",
+        "aggregator_step",
+        "evaluator_benchmark",
+    }
+
+
+def test_timestamps_strictly_increase_per_node() -> None:
+    for recorder, _ in _simulate(seed=3, ticks=200).values():
+        stamps = [p[3] for p in recorder.points]
+        assert all(b > a for a, b in itertools.pairwise(stamps))
+
+
+def test_same_seed_same_values_and_another_seed_other_values() -> None:
+    def values(seed: int) -> list[Any]:
+        return [(p[0], p[1], p[2]) for r, _ in _simulate(seed, ticks=150).values() for p in r.points]
+
+    first, again, other = values(11), values(11), values(12)
+    assert first == again
+    assert first != other
+
+
+def test_windows_advance_every_ticks_per_window_and_validators_summarise_each() -> None:
+    specs = fl.build_specs(COUNTS, 5)
+    plan = fl.plan_for(specs, points_per_sec=500, window_seconds=2, duration=10)
+    assert plan.ticks_per_window == round(2 * 500 / len(specs))
+    recorder = Recorder()
+    validator = next(s for s in specs if s.role == "validator")
+    node = fl.SimNode(validator, RUN, plan, recorder)
+    for _ in range(plan.ticks_per_window * 3):
+        node.tick()
+    node.finish()
+    windows = [p[2]["window"] for p in recorder.points if p[0] == "validator_window"]
+    assert windows == [0.0, 1.0, 2.0]
+
+
+def test_gradient_overflow_is_dropped_by_the_client_as_non_finite() -> None:
+    by_uid = _simulate(seed=4, ticks=600)
+    drops = sum(recorder.drops.get("non_finite", 0) for recorder, _ in by_uid.values())
+    assert drops > 0
+    for recorder, _ in by_uid.values():
+        for name, _, fields, _, _ in recorder.points:
+            if name == "training_step":
+                assert all(math.isfinite(v) for v in fields.values() if isinstance(v, float))
+
+
+def test_log_lines_mix_levels_with_context_and_real_tracebacks() -> None:
+    lines = [line for _, logs in _simulate(seed=6, ticks=300, with_logs=True).values() for line in logs.lines]
+    levels = {level for level, _, _, _ in lines}
+    assert levels == {"debug", "info", "warning", "error", "critical"}
+    share_info = sum(1 for level, *_ in lines if level == "info") / len(lines)
+    assert 0.6 < share_info < 0.8
+    for level, _, context, with_exception in lines:
+        assert {"window", "step", "peer", "trace_id", "run_id"} <= set(context)
+        assert with_exception == (level in ("error", "critical"))
+
+
+# ---------------------------------------------------------------- pacing and counters
+
+
+def test_target_count_ramps_linearly_then_holds_the_rate() -> None:
+    assert load.target_count(1000, 0, 2.0) == 2000
+    assert load.target_count(1000, 4, 2.0) == pytest.approx(500)  # half way up the ramp: area of a triangle
+    assert load.target_count(1000, 4, 4.0) == pytest.approx(2000)
+    assert load.target_count(1000, 4, 10.0) == pytest.approx(8000)
+    assert load.target_count(0, 4, 10.0) == 0
+
+
+def test_run_nodes_paces_to_the_target_count() -> None:
+    specs = fl.build_specs({"miner": 3, "validator": 1, "aggregator": 0, "evaluator": 0}, 0)
+    plan = fl.plan_for(specs, 400, 1, 1)
+    recorders = [Recorder() for _ in specs]
+    nodes = [fl.SimNode(s, RUN, plan, r) for s, r in zip(specs, recorders, strict=True)]
+    outcome = load.run_nodes(nodes, 400, 0, 0.5, 0, close_timeout=1)
+    logged = sum(len(r.points) for r in recorders)
+    assert outcome["points_logged"] == logged
+    # 200 due; whole ticks and window starts add a few, a slow machine may fall a little short
+    assert 100 <= logged <= 260
+
+
+def test_merge_stats_sums_counters_and_breakdowns() -> None:
+    merged = load.merge_stats(
+        [
+            {
+                "sent": 3,
+                "queued": 4,
+                "sent_by_key": {"a": 1, "b": 2},
+                "dropped_by_reason": {"x": 1},
+                "last_error": "e1",
+            },
+            {"sent": 5, "queued": 5, "sent_by_key": {"a": 5}, "dropped_by_reason": {}, "last_error": None},
+            {},
+        ]
+    )
+    assert merged["sent"] == 8 and merged["queued"] == 9
+    assert merged["sent_by_key"] == {"a": 6, "b": 2}
+    assert merged["dropped_by_reason"] == {"x": 1}
+    assert merged["errors"] == ["e1"]
+
+
+def test_split_deals_nodes_round_robin() -> None:
+    specs = fl.build_specs({"miner": 7, "validator": 2, "aggregator": 1, "evaluator": 1}, 0)
+    parts = load.split(specs, 3)
+    assert sorted(s.uid for part in parts for s in part) == sorted(s.uid for s in specs)
+    assert max(len(p) for p in parts) - min(len(p) for p in parts) <= 1
+    assert load.split(specs[:2], 5) == [(specs[0],), (specs[1],)]
+
+
+# ---------------------------------------------------------------- validation helpers
+
+
+def test_macros_are_left_to_grafana_and_variables_filled_in() -> None:
+    query = dash.Query("d", "D", "panel", "p", 1, "A", "influxdb", "influxdb",
+                       'SELECT mean("loss") FROM "training_step" WHERE $timeFilter AND "network" =~ /^$network$/ '
+                       "GROUP BY time($__interval)")  # fmt: skip
+    window = dash.TimeRange(datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 1, 0, 5, tzinfo=UTC))
+    dashboard = {"templating": {"list": [{"name": "network", "type": "query", "multi": True, "includeAll": True}]}}
+    kept = vd.interpolate(query, dashboard, {"network": "sim.net"}, window, timedelta(seconds=10), keep_macros=True)
+    assert "$timeFilter" in kept and "$__interval" in kept and r"/^sim\.net$/" in kept
+    full = vd.interpolate(query, dashboard, {"network": "sim.net"}, window, timedelta(seconds=10), keep_macros=False)
+    assert "$" not in full.replace("$/", "") and "time(10s)" in full
+
+
+def test_lines_by_level_reads_the_stream_selector() -> None:
+    sent = {'{environment="n", level="info", uid="1"}': 4, '{level="error", uid="2"}': 1, '{level="info"}': 2}
+    assert vd.lines_by_level(sent) == {"info": 6, "error": 1}
+
+
+def test_account_reports_loss_per_key_and_waits_for_late_records() -> None:
+    calls = []
+
+    def stored(keys: Any) -> dict[str, int]:
+        calls.append(1)
+        return {"a": 10, "b": 4 if len(calls) < 2 else 5}
+
+    rows = vd.account("influxdb", {"a": 10, "b": 5}, stored, settle=5)
+    assert [(r.key, r.ok, r.lost) for r in rows] == [("a", True, 0), ("b", True, 0)]
+    rows = vd.account("influxdb", {"a": 12}, lambda keys: {"a": 10}, settle=0)
+    assert rows[0].lost == 2 and not rows[0].ok
+
+    def broken(keys: Any) -> dict[str, int]:
+        raise RuntimeError("database not found")
+
+    rows = vd.account("influxdb", {"a": 1}, broken, settle=0)
+    assert rows[0].stored is None and "database not found" in rows[0].message
+
+
+def _fleet(metrics: dict[str, Any] | None = None, errors: list[str] | None = None) -> load.FleetResult:
+    return load.FleetResult(RUN, 0, 1, 1.0, 10, 0, metrics or {}, {}, 0.1, 1, 1, errors=errors or [])
+
+
+def _check(status: str) -> vd.QueryCheck:
+    return vd.QueryCheck("d", "D", "panel", "p", 1, "A", "influxdb", status, "", 0, 0, "q")
+
+
+def test_exit_code_bits() -> None:
+    ok_row = vd.DeliveryRow("influxdb", "m", 5, 5)
+    assert rp.exit_code(_fleet(), [_check(vd.OK), _check(vd.SKIPPED)], [ok_row]) == 0
+    assert rp.exit_code(_fleet(), [_check(vd.EMPTY)], [ok_row]) == rp.EXIT_PANELS
+    assert rp.exit_code(_fleet(), [_check(vd.ERROR)], [vd.DeliveryRow("influxdb", "m", 5, 4)]) == 5
+    dropped = _fleet({"dropped_by_reason": {"buffer_full": 3, "sampled_out": 9}})
+    assert rp.exit_code(dropped, [], [ok_row]) == rp.EXIT_LOSS
+    harmless = _fleet({"dropped_by_reason": {"sampled_out": 9, "non_finite": 2}})
+    assert rp.exit_code(harmless, [], [ok_row]) == 0
+    assert rp.exit_code(_fleet(errors=["worker 0: boom"]), [], [vd.DeliveryRow("loki", "x", 1, None)]) == 8
+
+
+def test_report_has_no_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    from simulator.cli import public_settings
+
+    monkeypatch.setenv("INFLUXDB_TOKEN", "s3cr3t-token-value")
+    args = build_parser().parse_args(["--influxdb-url", "http://127.0.0.1:1"])
+    stack = resolve_stack(args)
+    report = rp.build_report(public_settings(args, stack, RUN), _fleet(), [], [])
+    assert "s3cr3t-token-value" not in repr(report)
+
+
+def test_stack_comes_from_the_clients_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("INFLUXDB_URL", "INFLUXDB_TOKEN", "LOKI_URL", "GRAFANA_URL", "INFLUXDB_API_VERSION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("INFLUXDB_HOST", "127.0.0.1")
+    monkeypatch.setenv("INFLUXDB_PORT", "18086")
+    monkeypatch.setenv("INFLUXDB_DATABASE", "bucket1")
+    monkeypatch.setenv("LOKI_URL", "http://127.0.0.1:3100/")
+    parser = build_parser()
+    with pytest.raises(UsageError, match="INFLUXDB_TOKEN"):
+        resolve_stack(parser.parse_args([]))
+    monkeypatch.setenv("INFLUXDB_TOKEN", "t")
+    stack = resolve_stack(parser.parse_args([]))
+    assert (stack.influx_url, stack.database, stack.loki_url) == (
+        "http://127.0.0.1:18086",
+        "bucket1",
+        "http://127.0.0.1:3100",
+    )
+    assert stack.read_token == "t"
+    stack = resolve_stack(parser.parse_args(["--influxdb-api-version", "1", "--influxdb-database", "db2"]))
+    assert stack.api_version == 1 and stack.database == "db2" and stack.read_token is None
+    monkeypatch.setenv("GRAFANA_URL", "http://127.0.0.1:3000")
+    monkeypatch.delenv("GRAFANA_TOKEN", raising=False)
+    monkeypatch.delenv("GRAFANA_USER", raising=False)
+    with pytest.raises(UsageError, match="GRAFANA_TOKEN"):
+        resolve_stack(parser.parse_args([]))
+
+
+def test_help_documents_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = build_parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    text = capsys.readouterr().out
+    for action in parser._actions:
+        for option in action.option_strings:
+            assert option in text
+        if action.option_strings and action.dest != "help":
+            assert action.help, action.option_strings
+
+
+def test_roles_cover_the_catalog() -> None:
+    assert set(COUNTS) == set(ROLES)
