@@ -1,0 +1,121 @@
+"""Checks what the grafana role renders in render-only mode."""
+
+import filecmp
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import yaml
+
+ROOT = os.environ["TELEMETRY_ROOT"]
+EPHEMERAL = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"])
+REPO = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"]).resolve().parents[2]
+DIR = ROOT + "/opt/telemetry/grafana"
+
+
+def _pinned(key):
+    for line in (REPO / "versions.env").read_text().splitlines():
+        if line.startswith(key + "="):
+            return line.split("=", 1)[1].strip()
+    raise AssertionError(f"{key} is not pinned in versions.env")
+
+
+def _env(host):
+    lines = host.file(DIR + "/grafana.env").content_string.splitlines()
+    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+
+
+def _service(host):
+    compose = yaml.safe_load(host.file(DIR + "/container.compose.yml").content_string)
+    return compose["services"]["grafana"]
+
+
+def _generated(name):
+    return (EPHEMERAL / "secrets" / name).read_text().strip()
+
+
+def test_env_file_is_private(host):
+    env_file = host.file(DIR + "/grafana.env")
+    assert env_file.is_file
+    assert env_file.mode == 0o600
+    assert env_file.user == "root"
+    assert env_file.group == "root"
+
+
+def test_env_file_holds_the_secrets_and_settings(host):
+    env = _env(host)
+    assert env["GF_SECURITY_ADMIN_PASSWORD"] == _generated("grafana_admin_password")
+    assert env["GF_SECURITY_SECRET_KEY"] == _generated("grafana_secret_key")
+    assert env["INFLUXDB_READ_TOKEN"] == _generated("grafana_influxdb_token")
+    assert env["GF_SERVER_ROOT_URL"] == "https://grafana.example.test/"
+    assert env["GF_SECURITY_COOKIE_SECURE"] == "true"
+    assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    assert env["GF_USERS_ALLOW_SIGN_UP"] == "false"
+    assert env["INFLUXDB_URL"] == "http://influxdb:8086"
+    assert env["LOKI_URL"] == "http://loki:3100"
+    assert all(value for value in env.values()), env.keys()
+
+
+def test_secrets_stay_out_of_world_readable_files(host):
+    secrets = [_generated(n) for n in ("grafana_admin_password", "grafana_secret_key")]
+    for path in Path(DIR).rglob("*"):
+        if path.is_file() and path.stat().st_mode & 0o044:
+            text = path.read_text(errors="replace")
+            assert not any(secret in text for secret in secrets), path
+
+
+def test_provisioning_is_the_repository_copy(host):
+    for name in ("provisioning", "dashboards"):
+        source = REPO / "grafana" / name
+        deployed = Path(DIR) / name
+        expected = sorted(p.relative_to(source) for p in source.rglob("*") if p.is_file())
+        found = sorted(p.relative_to(deployed) for p in deployed.rglob("*") if p.is_file())
+        assert found == expected
+        for relative in expected:
+            assert filecmp.cmp(source / relative, deployed / relative, shallow=False), relative
+            assert host.file(str(deployed / relative)).mode == 0o644
+
+
+def test_datasources_only_expand_variables_grafana_gets(host):
+    env = _env(host)
+    for path in (Path(DIR) / "provisioning" / "datasources").glob("*.yml"):
+        text = re.sub(r"(?m)#.*$", "", path.read_text())
+        for name in re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", text):
+            assert name in env, f"{path.name} expands ${name}, which Grafana's environment lacks"
+
+
+def test_dashboard_provider_reads_the_mounted_directory(host):
+    mounts = {m["target"]: m for m in _service(host)["volumes"]}
+    for path in (Path(DIR) / "provisioning" / "dashboards").glob("*.yml"):
+        for provider in yaml.safe_load(path.read_text())["providers"]:
+            target = provider["options"]["path"]
+            assert target in mounts, target
+            assert mounts[target]["source"] == DIR + "/dashboards"
+            assert mounts[target]["read_only"] is True
+    provisioning = mounts["/etc/grafana/provisioning"]
+    assert provisioning["source"] == DIR + "/provisioning"
+
+
+def test_container_definition(host):
+    service = _service(host)
+    assert service["image"] == _pinned("GRAFANA_IMAGE")
+    assert service["user"] == "472:0"
+    assert service["ports"] == ["127.0.0.1:3000:3000"]
+    assert service["env_file"] == [DIR + "/grafana.env"]
+    assert "environment" not in service
+    for mount in service["volumes"]:
+        assert host.file(mount["source"]).exists, mount
+    data = host.file(DIR + "/data")
+    assert data.uid == 472
+    assert data.mode == 0o750
+
+
+def test_compose_definition_is_valid(host):
+    result = subprocess.run(
+        ["docker-compose", "-f", DIR + "/container.compose.yml", "config", "--quiet"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
