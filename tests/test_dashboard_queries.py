@@ -9,9 +9,6 @@ every catalog measurement. The interpolation rules themselves are tested first.
 from __future__ import annotations
 
 import random
-import re
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -20,6 +17,7 @@ from servers import InfluxV1
 
 from simulator import dashboards as dash
 from telemetry_client.catalog import CATALOG, MEASUREMENTS, STANDARD_TAGS
+from telemetry_client.metrics import MetricsLogger
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 RANGE = dash.TimeRange(NOW - timedelta(minutes=30), NOW)
@@ -119,10 +117,6 @@ NODES: tuple[tuple[str, str, str, str], ...] = (
 STEP_S = 10
 
 
-def _escape_tag(value: str) -> str:
-    return re.sub(r"([,= ])", r"\\\1", value)
-
-
 def _extra_tag_sets(measurement: str) -> list[dict[str, str]]:
     if measurement == "validator_scores":
         return [{"eval_uid": uid} for uid in MINERS]
@@ -192,45 +186,48 @@ def _field_value(name: str, step: int, rng: random.Random) -> float:
     raise AssertionError(f"no test value for field {name!r}: add one")
 
 
-def catalog_lines(now: datetime, duration: timedelta, seed: int = 7) -> list[str]:
-    """Line protocol for every catalog measurement, as nodes of each role write it.
+CatalogPoint = tuple[tuple[str, str, str, str], str, dict[str, str], dict[str, float], int]
 
-    Standard tags plus the measurement's own tags and every field, all floats, one
-    sample every 10 s. Kept in this one function so MetricsLogger can replace it.
+
+def catalog_points(now: datetime, duration: timedelta, seed: int = 7) -> Iterator[CatalogPoint]:
+    """(node, measurement, own tags, fields, unix seconds) for every catalog measurement and role.
+
+    Every field of the measurement, all floats, one sample every 10 s.
     """
     rng = random.Random(seed)
     end = int(now.timestamp())
     steps = int(duration.total_seconds()) // STEP_S
-    lines = []
     for measurement in MEASUREMENTS:
-        for uid, role, network, version in NODES:
-            if role not in measurement.roles:
+        for node in NODES:
+            if node[1] not in measurement.roles:
                 continue
-            standard = {"uid": uid, "role": role, "version": version, "network": network,
-                        "runtime_id": f"run-{uid}", "group": network, "job_type": "training"}
-            assert set(standard) == set(STANDARD_TAGS)
             for extra in _extra_tag_sets(measurement.name):
-                tags = {**standard, **extra}
-                assert set(tags) == set(measurement.tag_names), measurement.name
-                tag_text = ",".join(f"{k}={_escape_tag(v)}" for k, v in sorted(tags.items()))
+                assert set(STANDARD_TAGS) | set(extra) == set(measurement.tag_names), measurement.name
                 for step in range(steps + 1):
-                    fields = ",".join(
-                        f"{name}={_field_value(name, step, rng)!r}"
-                        for name in measurement.field_names
-                    )
-                    timestamp = end - (steps - step) * STEP_S
-                    lines.append(f"{measurement.name},{tag_text} {fields} {timestamp}")
-    return lines
+                    fields = {name: _field_value(name, step, rng) for name in measurement.field_names}
+                    yield node, measurement.name, extra, fields, end - (steps - step) * STEP_S
 
 
-def write_lines(url: str, database: str, lines: list[str]) -> None:
-    """POST line protocol (second precision) to InfluxDB 1.x /write."""
-    query = urllib.parse.urlencode({"db": database, "precision": "s"})
-    for start in range(0, len(lines), 5000):
-        body = "\n".join(lines[start:start + 5000]).encode()
-        request = urllib.request.Request(f"{url}/write?{query}", data=body, method="POST")
-        with urllib.request.urlopen(request, timeout=60) as response:
-            assert response.status == 204
+def write_with_metrics_logger(url: str, database: str, points: Iterator[CatalogPoint]) -> int:
+    """Write through MetricsLogger (API v1), one logger per node as real nodes do; return points sent."""
+    loggers: dict[tuple[str, str, str, str], MetricsLogger] = {}
+    for node, measurement, tags, fields, seconds in points:
+        logger = loggers.get(node)
+        if logger is None:
+            uid, role, network, version = node
+            logger = loggers[node] = MetricsLogger(
+                url=url, database=database, api_version=1, uid=uid, role=role, network=network,
+                version=version, runtime_id=f"run-{uid}", group=network, job_type="training",
+                self_metrics_interval=None,
+            )
+        logger.log(measurement, tags, fields, timestamp=seconds * 1_000_000_000)
+    sent = 0
+    for logger in loggers.values():
+        assert logger.close(30) == 0, logger.stats()
+        stats = logger.stats()
+        assert stats["dropped"] == 0, stats
+        sent += stats["sent"]
+    return sent
 
 
 @pytest.fixture(scope="module")
@@ -238,7 +235,8 @@ def telemetry_db(influx_server: InfluxV1) -> Iterator[tuple[InfluxV1, str]]:
     """A database named like the stack's bucket, holding every catalog measurement."""
     database = "telemetry_dash"
     influx_server.create_database(database)
-    write_lines(influx_server.url, database, catalog_lines(NOW, timedelta(minutes=30)))
+    sent = write_with_metrics_logger(influx_server.url, database, catalog_points(NOW, timedelta(minutes=30)))
+    assert sent == sum(1 for _ in catalog_points(NOW, timedelta(minutes=30)))
     yield influx_server, database
     influx_server.query(f'DROP DATABASE "{database}"')
 
@@ -344,12 +342,9 @@ def test_counter_rates_are_per_second_and_survive_the_sum(telemetry_db: tuple[In
         assert value == pytest.approx(4.9 * processes, rel=0.05)
 
 
-def test_catalog_lines_cover_every_field() -> None:
-    lines = catalog_lines(NOW, timedelta(seconds=10))
+def test_catalog_points_cover_every_field() -> None:
     seen: dict[str, set[str]] = {}
-    for line in lines:
-        head, fields, _ = line.split(" ")
-        seen.setdefault(head.split(",")[0], set()).update(
-            f.split("=")[0] for f in fields.split(","))
+    for _, measurement, _, fields, _ in catalog_points(NOW, timedelta(seconds=10)):
+        seen.setdefault(measurement, set()).update(fields)
     assert {m: set(CATALOG[m].field_names) for m in seen} == seen
     assert set(seen) == set(CATALOG)
