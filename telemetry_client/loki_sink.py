@@ -45,6 +45,7 @@ MAX_METADATA_ENTRIES = 128
 MAX_METADATA_BYTES = 64_000
 ITEM_OVERHEAD_BYTES = 32  # timestamp string and JSON punctuation per entry
 _METADATA_NAME = re.compile(r"[^a-zA-Z0-9_]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _MARKER_BYTES = len(TRUNCATION_MARKER.encode())
 
 
@@ -108,8 +109,8 @@ def utf8(text: str) -> tuple[str, bytes]:
     try:
         return text, text.encode("utf-8")
     except UnicodeEncodeError:
-        data = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace").encode("utf-8")
-        return data.decode("utf-8"), data
+        text = _SURROGATE.sub("\ufffd", text)
+        return text, text.encode("utf-8")
 
 
 def fit_line(fields: dict[str, Any], max_bytes: int) -> tuple[str, int, bool]:

@@ -192,7 +192,7 @@ class LokiReceiver:
         server.block_on_close = False
         server.receiver = self  # type: ignore[attr-defined]
         self.port = server.server_address[1]
-        thread = threading.Thread(target=server.serve_forever, name="loki-receiver", daemon=True)
+        thread = threading.Thread(target=server.serve_forever, args=(0.02,), name="loki-receiver", daemon=True)
         with self._lock:
             self._server, self._thread = server, thread
         thread.start()

@@ -1,0 +1,186 @@
+"""Fault injection against the conformance receiver: refusals, timeouts, 429/5xx, outages, partial 400s."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+from loki_receiver import Limits, LokiReceiver
+
+from telemetry_client.loki import LokiHandler
+from telemetry_client.shipping import BufferSettings
+
+FAST = dict(flush_interval=0.05, retry_base=0.02, retry_cap=0.1)
+
+
+@pytest.fixture
+def receiver() -> Iterator[LokiReceiver]:
+    with LokiReceiver() as server:
+        yield server
+
+
+@pytest.fixture
+def handlers() -> Iterator[list[LokiHandler]]:
+    made: list[LokiHandler] = []
+    yield made
+    for handler in made:
+        handler.close(1)
+
+
+def shipping_logger(
+    receiver: LokiReceiver, handlers: list[LokiHandler], read_timeout: float = 2.0, **buffer: object
+) -> tuple[logging.Logger, LokiHandler]:
+    handler = LokiHandler(
+        receiver.base_url,
+        {"service": "faults"},
+        buffer=BufferSettings(**{**FAST, **buffer}),
+        connect_timeout=0.5,
+        read_timeout=read_timeout,
+    )
+    handlers.append(handler)
+    logger = logging.getLogger(f"test.faults.{uuid.uuid4().hex[:8]}")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    return logger, handler
+
+
+def received_ids(receiver: LokiReceiver) -> Counter[str]:
+    return Counter(entry.json()["id"] for entry in receiver.entries)
+
+
+def log_ids(logger: logging.Logger, ids: range, text: str = "line") -> None:
+    for i in ids:
+        logger.info(text, extra={"id": str(i)})
+
+
+def test_refused_connections_are_retried_until_the_server_is_back(receiver, handlers):
+    logger, handler = shipping_logger(receiver, handlers)
+    receiver.refuse()
+    log_ids(logger, range(50))
+    assert handler.flush(0.5) == 50  # nothing can be delivered yet
+    receiver.resume()
+    assert handler.flush(20) == 0
+    assert received_ids(receiver) == Counter({str(i): 1 for i in range(50)})
+    stats = handler.stats()
+    assert stats["retries"] >= 1 and stats["dropped"] == 0
+    assert "refused" in stats["last_error"]
+
+
+def test_a_read_timeout_is_retried_and_nothing_is_stored_twice(receiver, handlers):
+    logger, handler = shipping_logger(receiver, handlers, read_timeout=0.3)
+    receiver.delay_next(1, 1.0)  # the first push is answered after the client gave up
+    log_ids(logger, range(20))
+    assert handler.flush(20) == 0
+    assert receiver.wait_for(lambda r: len(r.requests) >= 2, timeout=5)
+    assert received_ids(receiver) == Counter({str(i): 1 for i in range(20)})
+    assert handler.stats()["retries"] >= 1
+    assert "timed out" in handler.stats()["last_error"]
+
+
+def test_429_with_retry_after_is_honoured(receiver, handlers):
+    logger, handler = shipping_logger(receiver, handlers)
+    receiver.fail_next(1, 429, retry_after="1")
+    log_ids(logger, range(10))
+    assert handler.flush(20) == 0
+    first, second = receiver.requests[:2]
+    assert first.status == 429 and second.status == 204
+    assert second.received - first.received >= 0.9  # waited for Retry-After, not the 0.1 s backoff cap
+    assert received_ids(receiver) == Counter({str(i): 1 for i in range(10)})
+    assert handler.stats()["retries"] == 1
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 504])
+def test_5xx_is_retried_and_nothing_is_lost(receiver, handlers, status):
+    logger, handler = shipping_logger(receiver, handlers)
+    receiver.fail_next(3, status)
+    log_ids(logger, range(30))
+    assert handler.flush(20) == 0
+    assert [r.status for r in receiver.requests[:4]] == [status, status, status, 204]
+    assert received_ids(receiver) == Counter({str(i): 1 for i in range(30)})
+    assert handler.stats()["retries"] == 3
+
+
+def test_an_outage_is_buffered_and_delivered_after_recovery(receiver, handlers):
+    logger, handler = shipping_logger(receiver, handlers, batch_items=500)
+    receiver.refuse()
+    log_ids(logger, range(0, 1500))
+    time.sleep(0.3)  # several failed attempts during the outage
+    log_ids(logger, range(1500, 3000))
+    receiver.resume()
+    assert handler.flush(30) == 0
+    assert received_ids(receiver) == Counter({str(i): 1 for i in range(3000)})
+    assert handler.stats()["dropped"] == 0
+
+
+def test_beyond_the_bound_the_oldest_lines_are_dropped_and_counted(receiver, handlers):
+    logger, handler = shipping_logger(receiver, handlers, max_items=100, batch_items=50)
+    receiver.refuse()
+    log_ids(logger, range(1000))
+    assert handler.flush(0.5) > 0
+    receiver.resume()
+    assert handler.flush(20) == 0
+    ids = received_ids(receiver)
+    assert set(ids.values()) == {1}
+    assert str(999) in ids  # the newest survive
+    stats = handler.stats()
+    assert stats["dropped_by_reason"]["buffer_full"] == 1000 - len(ids)
+    assert stats["sent"] == len(ids)
+
+
+def test_a_400_naming_an_entry_drops_only_that_entry(receiver, handlers):
+    logger, handler = shipping_logger(receiver, handlers, flush_interval=30)  # one batch, sent by flush()
+    receiver.refuse_lines_containing("POISON")
+    log_ids(logger, range(0, 10))
+    logger.info("POISON", extra={"id": "bad"})
+    log_ids(logger, range(10, 20))
+    assert handler.flush(20) == 0
+    assert received_ids(receiver) == Counter({str(i): 1 for i in range(20)})
+    assert receiver.duplicates == 20  # Loki had stored the rest already and ignores their resend
+    stats = handler.stats()
+    assert stats["dropped_by_reason"] == {"rejected": 1}
+    assert stats["sent"] == 20
+    assert "entry too far behind" in stats["last_error"]
+
+
+def test_a_400_for_a_too_old_entry_drops_only_it():
+    with LokiReceiver(limits=Limits(reject_old_samples_max_age=3600)) as receiver:
+        handlers: list[LokiHandler] = []
+        try:
+            logger, handler = shipping_logger(receiver, handlers)
+            log_ids(logger, range(5))
+            old = logger.makeRecord(logger.name, logging.INFO, __file__, 1, "replayed", (), None, extra={"id": "old"})
+            old.created -= 7200
+            logger.handle(old)
+            log_ids(logger, range(5, 10))
+            assert handler.flush(20) == 0
+            assert received_ids(receiver) == Counter({str(i): 1 for i in range(10)})
+            assert handler.stats()["dropped_by_reason"] == {"rejected": 1}
+        finally:
+            for h in handlers:
+                h.close(1)
+
+
+def test_a_400_that_names_nothing_drops_the_batch(receiver, handlers):
+    logger, handler = shipping_logger(receiver, handlers, flush_interval=30)
+    receiver.fail_next(1, 400, body="something unexpected")
+    log_ids(logger, range(7))
+    assert handler.flush(10) == 0
+    assert receiver.count() == 0
+    assert handler.stats()["dropped_by_reason"] == {"rejected": 7}
+    log_ids(logger, range(7, 9))
+    assert handler.flush(10) == 0
+    assert sorted(received_ids(receiver)) == ["7", "8"]
+
+
+def test_close_gives_up_at_its_deadline_and_counts_what_is_left(receiver, handlers):
+    logger, handler = shipping_logger(receiver, handlers)
+    receiver.refuse()
+    log_ids(logger, range(25))
+    left = handler.close(0.5)
+    assert left == 25
+    assert handler.stats()["dropped_by_reason"] == {"shutdown": 25}
