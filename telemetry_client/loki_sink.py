@@ -96,12 +96,17 @@ def _sanitize(value: Any, depth: int = 0) -> Any:
     return _sanitize(_json_default(value), depth + 1)
 
 
+# Built once: json.dumps() with options would build a new encoder for every line.
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=_json_default).encode
+_encode_sanitized = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=_safe_str).encode
+
+
 def to_json(value: Any) -> str:
     """Compact JSON text for `value`, whatever it holds; never raises."""
     try:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=_json_default)
+        return _encode(value)
     except (ValueError, TypeError, RecursionError):
-        return json.dumps(_sanitize(value), ensure_ascii=False, separators=(",", ":"), default=_safe_str)
+        return _encode_sanitized(_sanitize(value))
 
 
 def utf8(text: str) -> tuple[str, bytes]:
@@ -236,7 +241,7 @@ class LokiSink:
                 [str(ts), line] if metadata is None else [str(ts), line, metadata] for ts, line, metadata in entries
             ]
             body.append({"stream": self.labels_by_key[key], "values": values})
-        return json.dumps({"streams": body}, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        return _encode_sanitized({"streams": body}).encode("utf-8")
 
     def on_rejected(self, items: Sequence[Item], response: Response) -> list[Item] | None:
         """After a 400: the items Loki did not name as refused (it ignores the ones it already stored)."""
