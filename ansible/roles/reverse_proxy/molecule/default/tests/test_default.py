@@ -1,0 +1,120 @@
+"""Checks what the reverse_proxy role renders in render-only mode."""
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import yaml
+
+ROOT = os.environ["TELEMETRY_ROOT"]
+EPHEMERAL = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"])
+REPO = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"]).resolve().parents[2]
+DIR = ROOT + "/opt/telemetry/reverse_proxy"
+
+
+def _pinned(key):
+    for line in (REPO / "versions.env").read_text().splitlines():
+        if line.startswith(key + "="):
+            return line.split("=", 1)[1].strip()
+    return None
+
+
+def _caddyfile(host):
+    return host.file(DIR + "/Caddyfile").content_string
+
+
+def _site(text, domain):
+    """The block of one site, from its address line to its closing brace."""
+    match = re.search(rf"(?ms)^{re.escape(domain)} \{{\n(.*?)^\}}$", text)
+    assert match, f"no site block for {domain}"
+    return match.group(1)
+
+
+def test_private_files(host):
+    for path in ("/Caddyfile", "/certs/cert.pem", "/certs/key.pem"):
+        secret = host.file(DIR + path)
+        assert secret.is_file, path
+        assert secret.mode == 0o600, path
+        assert secret.user == "root", path
+    for path in ("/certs", "/data", "/config"):
+        directory = host.file(DIR + path)
+        assert directory.is_directory
+        assert directory.mode == 0o700
+
+
+def test_certificate_is_the_one_given(host):
+    given = (EPHEMERAL / "secrets" / "cert.pem").read_text().strip()
+    assert host.file(DIR + "/certs/cert.pem").content_string.strip() == given
+
+
+def test_grafana_is_behind_basic_auth(host):
+    site = _site(_caddyfile(host), "grafana.example.test")
+    hash_ = "$2b$12$" + (EPHEMERAL / "secrets" / "operator_hash").read_text().strip()
+    assert f"basic_auth {{\n\t\toperator {hash_}\n\t}}" in site
+    assert "reverse_proxy grafana:3000" in site
+    # Grafana must not see the proxy's credentials, or its own login breaks.
+    assert "header_up -Authorization" in site
+    assert "tls /etc/caddy/certs/cert.pem /etc/caddy/certs/key.pem" in site
+
+
+def test_loki_exposes_only_the_push_api_behind_basic_auth(host):
+    site = _site(_caddyfile(host), "logs.example.test")
+    assert "path /loki/api/v1/push" in site
+    assert "method POST" in site
+    push = site[site.index("handle @push {") : site.index("\thandle {")]
+    assert "basic_auth {" in push
+    assert "node-1 $2b$12$" in push
+    assert "reverse_proxy loki:3100" in push
+    fallback = site[site.index("\thandle {") :]
+    assert "respond 404" in fallback
+    assert "reverse_proxy" not in fallback
+
+
+def test_influxdb_exposes_only_write_and_health(host):
+    site = _site(_caddyfile(host), "metrics.example.test")
+    assert "@influxdb path /api/v2/write /write /ping /health" in site
+    assert "reverse_proxy influxdb:8086" in site
+    assert "basic_auth" not in site
+
+
+def test_caddyfile_parses_with_caddy(host, tmp_path):
+    """Real parse and provisioning by the caddy binary (Debian's package).
+
+    Debian ships an older Caddy that still names basic_auth "basicauth"; that
+    one rename aside, the rendered file is checked as it is, certificate
+    files included.
+    """
+    caddy = shutil.which("caddy")
+    assert caddy, "the caddy binary is needed for this check: apt-get install caddy"
+    text = _caddyfile(host).replace("basic_auth {", "basicauth {")
+    text = text.replace("/etc/caddy/certs/", DIR + "/certs/")
+    config = tmp_path / "Caddyfile"
+    config.write_text(text)
+    env = dict(os.environ, HOME=str(tmp_path), XDG_DATA_HOME=str(tmp_path / "data"),
+               XDG_CONFIG_HOME=str(tmp_path / "config"))
+    result = subprocess.run(
+        [caddy, "validate", "--adapter", "caddyfile", "--config", str(config)],
+        capture_output=True, text=True, check=False, env=env,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_container_definition(host):
+    compose = yaml.safe_load(host.file(DIR + "/container.compose.yml").content_string)
+    service = compose["services"]["caddy"]
+    pinned = _pinned("CADDY_IMAGE")
+    assert service["image"] == (pinned or "caddy:not-pinned-in-versions-env")
+    assert service["ports"] == ["0.0.0.0:80:80", "0.0.0.0:443:443"]
+    mounts = {m["target"]: m for m in service["volumes"]}
+    assert mounts["/etc/caddy/Caddyfile"]["source"] == DIR + "/Caddyfile"
+    assert mounts["/etc/caddy/Caddyfile"]["read_only"] is True
+    assert mounts["/etc/caddy/certs"]["read_only"] is True
+    for mount in service["volumes"]:
+        assert host.file(mount["source"]).exists, mount
+    result = subprocess.run(
+        ["docker-compose", "-f", DIR + "/container.compose.yml", "config", "--quiet"],
+        capture_output=True, text=True, check=False,
+    )
+    assert result.returncode == 0, result.stderr
