@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 import uuid
 from collections import Counter
@@ -184,3 +185,23 @@ def test_close_gives_up_at_its_deadline_and_counts_what_is_left(receiver, handle
     left = handler.close(0.5)
     assert left == 25
     assert handler.stats()["dropped_by_reason"] == {"shutdown": 25}
+
+
+def test_a_forked_child_ships_its_own_lines_and_never_its_parents(receiver, handlers):
+    logger, handler = shipping_logger(receiver, handlers, flush_interval=30)  # the parent's lines stay buffered
+    log_ids(logger, range(0, 100), text="parent")
+    assert handler.stats()["pending"] == 100
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 1
+        try:
+            assert handler.stats()["pending"] == 0, "the child must not inherit the parent's buffer"
+            log_ids(logger, range(100, 150), text="child")
+            code = 0 if handler.flush(10) == 0 and handler.stats()["sent"] == 50 else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert handler.flush(10) == 0
+    assert received_ids(receiver) == Counter({str(i): 1 for i in range(150)})
+    assert {e.json()["pid"] for e in receiver.entries if e.json()["message"] == "child"} == {pid}
