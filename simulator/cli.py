@@ -388,15 +388,17 @@ def execute(args: argparse.Namespace, line_counter: LineCounter | None = None) -
             datetime.fromtimestamp(fleet.ended_ns / 1e9 + 1, UTC),
         )
         selected = args.datasource or list(DATASOURCE_TYPES)
+        dashboards = dash.load_dashboards(args.dashboards)
         checks = vd.check_dashboards(
-            dash.load_dashboards(args.dashboards),
+            dashboards,
             runners_for(stack, selected),
             window,
             run.network,
             min_interval=timedelta(seconds=args.min_interval),
             through_grafana=stack.grafana is not None,
         )
-        delivery = account_delivery(stack, fleet, window, args.settle, line_counter)
+        uids = vd.datasource_uids(dashboards)
+        delivery = account_delivery(stack, fleet, window, args.settle, line_counter, uids)
 
     report = rp.build_report(public_settings(args, stack, run), fleet, checks, delivery)
     if args.report:
@@ -412,11 +414,21 @@ def account_delivery(
     window: dash.TimeRange,
     settle: float,
     line_counter: LineCounter | None = None,
+    uids: Mapping[str, str] | None = None,
 ) -> list[vd.DeliveryRow]:
-    """Sent (client counters) against stored, per measurement and per log level."""
+    """Sent (client counters) against stored, per measurement and per log level.
+
+    Counts go straight to InfluxDB and Loki, or through Grafana when it is given
+    (`uids`: the data source uid per type, as the dashboards name them).
+    """
+    uids = uids or {}
     # Timestamps come from the nodes' clocks; a minute of slack either side costs nothing.
     wide = dash.TimeRange(window.start - timedelta(minutes=1), window.end + timedelta(minutes=1))
-    influx = influxql(stack)
+    influx: vd.InfluxQL | vd.GrafanaInfluxQL = influxql(stack)
+    loki: vd.LokiQL | vd.GrafanaLogQL | None = vd.LokiQL(stack.loki_url) if stack.loki_url else None
+    if stack.grafana is not None:  # count through Grafana too: its credentials are all the run needs
+        influx = vd.GrafanaInfluxQL(stack.grafana, uids.get("influxdb", "influxdb"), wide)
+        loki = vd.GrafanaLogQL(stack.grafana, uids.get("loki", "loki"))
     rows = vd.account(
         "influxdb",
         fleet.metrics.get("sent_by_key") or {},
@@ -427,8 +439,7 @@ def account_delivery(
     if sent_lines:
         if line_counter is not None:
             counter: Callable[[Sequence[str]], Mapping[str, int]] = lambda _keys: line_counter(wide)  # noqa: E731
-        elif stack.loki_url:
-            loki = vd.LokiQL(stack.loki_url)
+        elif loki is not None:
             counter = lambda _keys: vd.loki_line_counts(loki, fleet.run.network, fleet.run.run_id, wide)  # noqa: E731
         else:
             counter = lambda _keys: {}  # noqa: E731

@@ -398,7 +398,9 @@ class DeliveryRow:
         return {**asdict(self), "lost": self.lost, "ok": self.ok}
 
 
-def influx_counts(influx: InfluxQL, run_id: str, window: dash.TimeRange, measurements: Iterable[str]) -> dict[str, int]:
+def influx_counts(
+    influx: InfluxQL | GrafanaInfluxQL, run_id: str, window: dash.TimeRange, measurements: Iterable[str]
+) -> dict[str, int]:
     """Points stored per measurement for the run (its runtime_id prefix) within `window`.
 
     count(*) counts each field's non-null values; every point has at least one field,
@@ -420,7 +422,7 @@ def influx_counts(influx: InfluxQL, run_id: str, window: dash.TimeRange, measure
     return counts
 
 
-def loki_line_counts(loki: LokiQL, network: str, run_id: str, window: dash.TimeRange) -> dict[str, int]:
+def loki_line_counts(loki: LokiQL | GrafanaLogQL, network: str, run_id: str, window: dash.TimeRange) -> dict[str, int]:
     """Log lines Loki holds for the run, per level: its network's streams, lines whose body names the run."""
     seconds = max(1, math.ceil((window.end_ms - window.start_ms) / 1000))
     expr = (
@@ -447,6 +449,87 @@ def lines_by_level(sent_by_key: Mapping[str, int]) -> dict[str, int]:
         level = match.group(1) if match else ""
         out[level] = out.get(level, 0) + int(count)
     return out
+
+
+@dataclass(frozen=True)
+class GrafanaInfluxQL:
+    """InfluxQL through Grafana's /api/ds/query, answering like InfluxDB's /query (for the counts).
+
+    With only Grafana's credentials (a read-only setup) the accounting needs no
+    InfluxDB token of its own.
+    """
+
+    client: GrafanaClient
+    uid: str
+    window: dash.TimeRange
+
+    def query(self, text: str) -> list[dict[str, Any]]:
+        target = {
+            "refId": "A",
+            "datasource": {"type": "influxdb", "uid": self.uid},
+            "query": text,
+            "rawQuery": True,
+            "resultFormat": "table",
+            "intervalMs": 1000,
+            "maxDataPoints": MAX_DATA_POINTS,
+        }
+        result = _grafana_result(self.client, target, self.window.start_ms, self.window.end_ms)
+        series = []
+        for frame in result.get("frames") or []:
+            names = [f.get("name", "") for f in (frame.get("schema") or {}).get("fields") or []]
+            columns = (frame.get("data") or {}).get("values") or []
+            series.append({"columns": names, "values": [list(row) for row in zip(*columns, strict=False)]})
+        return [{"series": series}]
+
+
+@dataclass(frozen=True)
+class GrafanaLogQL:
+    """LogQL instant queries through Grafana's /api/ds/query, answering like Loki's /query."""
+
+    client: GrafanaClient
+    uid: str
+
+    def instant(self, expr: str, at_ns: int) -> dict[str, Any]:
+        target = {
+            "refId": "A",
+            "datasource": {"type": "loki", "uid": self.uid},
+            "expr": expr,
+            "queryType": "instant",
+            "intervalMs": 1000,
+            "maxDataPoints": MAX_DATA_POINTS,
+        }
+        at_ms = at_ns // 1_000_000
+        result = _grafana_result(self.client, target, at_ms - 1000, at_ms)
+        vector = []
+        for frame in result.get("frames") or []:
+            fields = (frame.get("schema") or {}).get("fields") or []
+            columns = (frame.get("data") or {}).get("values") or []
+            for spec, column in zip(fields, columns, strict=False):
+                values = [v for v in column if v is not None]
+                if spec.get("type") == "number" and values:
+                    vector.append({"metric": spec.get("labels") or {}, "value": [at_ms / 1000, str(values[-1])]})
+        return {"resultType": "vector", "result": vector}
+
+
+def _grafana_result(client: GrafanaClient, target: dict[str, Any], start_ms: int, end_ms: int) -> dict[str, Any]:
+    try:
+        results = client.query([target], start_ms, end_ms)
+    except GrafanaError as exc:
+        raise RuntimeError(str(exc)) from exc
+    result = results.get("A") or {}
+    if result.get("error"):
+        raise RuntimeError(str(result["error"]))
+    return result
+
+
+def datasource_uids(dashboards: Iterable[dash.Dashboard]) -> dict[str, str]:
+    """The data source uid the dashboards use for each type (the first one found)."""
+    uids: dict[str, str] = {}
+    for dashboard in dashboards:
+        for query in dash.panel_queries(dashboard):
+            if query.datasource_type and query.datasource_uid:
+                uids.setdefault(query.datasource_type, query.datasource_uid)
+    return uids
 
 
 def _logql_string(value: str) -> str:

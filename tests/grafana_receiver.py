@@ -1,4 +1,4 @@
-"""A local stand-in for Grafana's `POST /api/ds/query`, backed by a real InfluxDB 1.x.
+"""A local stand-in for Grafana's `POST /api/ds/query`, backed by a real InfluxDB 1.x and the Loki receiver.
 
 Grafana cannot run here, so the simulator's Grafana path is tested against this
 receiver, which follows Grafana's documented request and response format:
@@ -17,13 +17,20 @@ receiver, which follows Grafana's documented request and response format:
   frame per series for `time_series` (a Time field and a Value field carrying the
   series' tags as labels), one frame with every column for `table`; a failing
   query gets `{"error": ..., "errorSource": "downstream", "status": 400}` and the
-  whole answer is HTTP 400, as Grafana answers without the multi-status feature.
+  whole answer is HTTP 400, as Grafana answers without the multi-status feature;
+* Loki data sources are answered from the entries a tests/loki_receiver.py
+  receiver accepted, by the small LogQL evaluator at the end of this module
+  (Grafana's Loki backend fills in `$__auto`, `$__interval` and `$__range`); the
+  same evaluator serves Loki's own query API (`/loki/api/v1/query_range`,
+  `/loki/api/v1/query`, `/loki/api/v1/label/<name>/values`), so the simulator's
+  direct Loki path is tested too.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import math
 import re
 import threading
 import time
@@ -51,6 +58,15 @@ class InfluxSource:
     type: str = "influxdb"
 
 
+@dataclass(frozen=True)
+class LokiSource:
+    """A provisioned Loki data source, answered from what a LokiReceiver accepted."""
+
+    receiver: Any  # tests/loki_receiver.LokiReceiver
+    min_interval: timedelta = timedelta(seconds=1)
+    type: str = "loki"
+
+
 @dataclass
 class SeenQuery:
     """One query as the receiver got it, and what it ran."""
@@ -73,7 +89,7 @@ class GrafanaReceiver:
 
     def __init__(
         self,
-        datasources: dict[str, InfluxSource],
+        datasources: dict[str, InfluxSource | LokiSource],
         *,
         token: str | None = None,
         basic_auth: tuple[str, str] | None = None,
@@ -144,7 +160,10 @@ class GrafanaReceiver:
             source = self.datasources.get(uid)
             if source is None:
                 return 404, {"message": "Data source not found"}
-            result = self._influxql(ref_id, uid, source, query, window)
+            if isinstance(source, LokiSource):
+                result = self._logql(ref_id, uid, source, query, window)
+            else:
+                result = self._influxql(ref_id, uid, source, query, window)
             failed = failed or "error" in result
             results[ref_id] = result
         return (400 if failed else 200), {"results": results}
@@ -172,6 +191,59 @@ class GrafanaReceiver:
         with self._lock:
             self._state.queries.append(SeenQuery(ref_id, uid, raw, executed, 200))
         return {"status": 200, "frames": frames}
+
+    def _logql(
+        self, ref_id: str, uid: str, source: LokiSource, query: dict[str, Any], window: dash.TimeRange
+    ) -> dict[str, Any]:
+        raw = str(query.get("expr") or "")
+        max_points = int(query.get("maxDataPoints") or 1000)
+        floor = max(source.min_interval, timedelta(milliseconds=int(query.get("intervalMs") or 0)))
+        interval = dash.auto_interval(window, max_points, floor)
+        try:
+            executed = dash.expand_logql(raw, window, {}, interval=interval)
+            instant = query.get("queryType") == "instant"
+            step = None if instant else interval.total_seconds()
+            start_ns, end_ns = window.start_ms * 1_000_000, window.end_ms * 1_000_000
+            data = logql_query(
+                executed, source.receiver.entries, start_ns, end_ns, step, int(query.get("maxLines") or 1000)
+            )
+        except (KeyError, LogQLError, re.error) as exc:
+            return self._error(ref_id, uid, raw, raw, f"parse error: {exc}")
+        with self._lock:
+            self._state.queries.append(SeenQuery(ref_id, uid, raw, executed, 200))
+        return {"status": 200, "frames": loki_frames(ref_id, data)}
+
+    def loki_api(self, path: str, params: dict[str, str]) -> tuple[int, Any]:
+        """Loki's own query API (query_range, query, label values) over the first Loki source."""
+        source = next((s for s in self.datasources.values() if isinstance(s, LokiSource)), None)
+        if source is None:
+            return 404, "404 page not found\n"
+        entries = source.receiver.entries
+        now_ns = time.time_ns()
+        try:
+            end = int(params.get("end") or params.get("time") or now_ns)
+            start = int(params.get("start") or end - 3600 * 10**9)
+            limit = int(params.get("limit") or 100)
+            if path == "/loki/api/v1/query_range":
+                step = parse_duration(params["step"]) if "step" in params else max(1.0, (end - start) / 1e9 / 250)
+                data = logql_query(params["query"], entries, start, end, step, limit)
+            elif path == "/loki/api/v1/query":
+                data = logql_query(params["query"], entries, end, end, None, limit)
+            elif path.startswith("/loki/api/v1/label/") and path.endswith("/values"):
+                label = path[len("/loki/api/v1/label/") : -len("/values")]
+                return 200, {
+                    "status": "success",
+                    "data": label_values(label, params.get("query", ""), entries, start, end),
+                }
+            else:
+                return 404, "404 page not found\n"
+        except KeyError as exc:
+            return 400, f"missing parameter {exc}\n"
+        except (LogQLError, ValueError, re.error) as exc:
+            return 400, f"{exc}\n"
+        with self._lock:
+            self._state.queries.append(SeenQuery("", "loki-api", params.get("query", ""), params.get("query", ""), 200))
+        return 200, {"status": "success", "data": data}
 
     def _error(self, ref_id: str, uid: str, raw: str, executed: str, message: str) -> dict[str, Any]:
         with self._lock:
@@ -291,8 +363,22 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self) -> None:
-        if self.path == "/api/health":
+        receiver: GrafanaReceiver = self.server.receiver  # type: ignore[attr-defined]
+        parsed = urllib.parse.urlsplit(self.path)
+        if parsed.path == "/api/health":
             self._send(200, {"database": "ok", "version": "13.2.1"})
+        elif parsed.path.startswith("/loki/api/v1/"):
+            params = dict(urllib.parse.parse_qsl(parsed.query))
+            status, payload = receiver.loki_api(parsed.path, params)
+            if isinstance(payload, str):
+                body = payload.encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "text/plain; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            else:
+                self._send(status, payload)
         else:
             self._send(404, {"message": "Not found"})
 
@@ -318,3 +404,367 @@ class _Handler(BaseHTTPRequestHandler):
         status, payload = receiver.ds_query(body)
         self.log_message("ds/query %s in %.3fs", status, time.monotonic() - started)
         self._send(status, payload)
+
+
+# ---------------------------------------------------------------- LogQL over the Loki receiver
+#
+# A small LogQL evaluator, enough for the dashboards' queries and the simulator's
+# count: stream selectors (=, !=, =~, !~; regexes fully anchored), line filters
+# (|=, !=, |~, !~), `| json` (optionally with name="field" parameters), label
+# filters (name op "value", __error__ included), count_over_time and rate over
+# [range], sum/count/max/min/avg with `by (...)`, topk(k, ...) and `/` between two
+# vectors. Anything else is a parse error, reported as Loki would report one.
+
+_TOKEN = re.compile(
+    r'\s*(?:(?P<string>"(?:\\.|[^"\\])*"|`[^`]*`)|(?P<range>\[[^\]]+\])|(?P<number>\d+(?:\.\d+)?)'
+    r"|(?P<ident>[A-Za-z_][A-Za-z0-9_]*)|(?P<op>\|=|\|~|!=|!~|=~|[{}(),|=/]))"
+)
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+_DURATION_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_VECTOR_OPS = {"sum", "count", "max", "min", "avg"}
+
+
+class LogQLError(ValueError):
+    """A query this evaluator (or Loki) cannot parse."""
+
+
+def parse_duration(text: str) -> float:
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise LogQLError(f"parse error: invalid duration {text!r}")
+    return sum(float(n) * _DURATION_S[u] for n, u in parts)
+
+
+def _tokens(text: str) -> list[tuple[str, str]]:
+    out, position = [], 0
+    while position < len(text):
+        if text[position:].strip() == "":
+            break
+        match = _TOKEN.match(text, position)
+        if not match or match.end() == position:
+            raise LogQLError(f"parse error at position {position}: unexpected {text[position : position + 10]!r}")
+        kind = match.lastgroup or ""
+        value = match.group(kind)
+        if kind == "string":
+            value = json.loads(value) if value.startswith('"') else value[1:-1]
+        elif kind == "range":
+            value = value[1:-1].strip()
+        out.append((kind, value))
+        position = match.end()
+    return out
+
+
+@dataclass
+class _Log:
+    matchers: list[tuple[str, str, str]]
+    stages: list[tuple[str, Any]]
+
+
+@dataclass
+class _Node:
+    kind: str  # "log", "range", "agg", "topk", "div", "number"
+    args: dict[str, Any]
+
+
+class _Parser:
+    def __init__(self, text: str) -> None:
+        self.items = _tokens(text)
+        self.i = 0
+
+    def peek(self, offset: int = 0) -> tuple[str, str]:
+        j = self.i + offset
+        return self.items[j] if j < len(self.items) else ("end", "")
+
+    def take(self, kind: str | None = None, value: str | None = None) -> str:
+        got_kind, got = self.peek()
+        if (kind and got_kind != kind) or (value is not None and got != value):
+            raise LogQLError(f"parse error: expected {value or kind}, found {got or got_kind!r}")
+        self.i += 1
+        return got
+
+    def parse(self) -> _Node:
+        node = self.expr()
+        if self.peek()[0] != "end":
+            raise LogQLError(f"parse error: unexpected {self.peek()[1]!r}")
+        return node
+
+    def expr(self) -> _Node:
+        node = self.term()
+        while self.peek() == ("op", "/"):
+            self.take()
+            node = _Node("div", {"left": node, "right": self.term()})
+        return node
+
+    def _by(self) -> list[str] | None:
+        if self.peek() != ("ident", "by"):
+            return None
+        self.take()
+        self.take("op", "(")
+        labels = []
+        while self.peek() != ("op", ")"):
+            labels.append(self.take("ident"))
+            if self.peek() == ("op", ","):
+                self.take()
+        self.take("op", ")")
+        return labels
+
+    def term(self) -> _Node:
+        kind, value = self.peek()
+        if kind == "number":
+            self.take()
+            return _Node("number", {"value": float(value)})
+        if kind == "op" and value == "{":
+            return _Node("log", {"log": self.log_expr()})
+        if kind == "ident" and value in ("count_over_time", "rate"):
+            self.take()
+            self.take("op", "(")
+            log = self.log_expr()
+            duration = parse_duration(self.take("range"))
+            self.take("op", ")")
+            return _Node("range", {"fn": value, "log": log, "range": duration})
+        if kind == "ident" and value in _VECTOR_OPS:
+            self.take()
+            by = self._by()
+            self.take("op", "(")
+            inner = self.expr()
+            self.take("op", ")")
+            by = by if by is not None else self._by()
+            return _Node("agg", {"fn": value, "by": by, "inner": inner})
+        if kind == "ident" and value == "topk":
+            self.take()
+            self.take("op", "(")
+            k = int(float(self.take("number")))
+            self.take("op", ",")
+            inner = self.expr()
+            self.take("op", ")")
+            return _Node("topk", {"k": k, "inner": inner})
+        if kind == "op" and value == "(":
+            self.take()
+            node = self.expr()
+            self.take("op", ")")
+            return node
+        raise LogQLError(f"parse error: unexpected {value or kind!r}")
+
+    def log_expr(self) -> _Log:
+        self.take("op", "{")
+        matchers = []
+        while self.peek() != ("op", "}"):
+            name = self.take("ident")
+            op = self.take("op")
+            if op not in ("=", "!=", "=~", "!~"):
+                raise LogQLError(f"parse error: bad matcher operator {op!r}")
+            matchers.append((name, op, self.take("string")))
+            if self.peek() == ("op", ","):
+                self.take()
+        self.take("op", "}")
+        if not matchers:
+            raise LogQLError("parse error: queries require at least one regexp or equality matcher")
+        stages: list[tuple[str, Any]] = []
+        while True:
+            kind, value = self.peek()
+            if kind == "op" and value in ("|=", "!=", "|~", "!~"):
+                self.take()
+                stages.append(("line", (value, self.take("string"))))
+            elif (kind, value) == ("op", "|") and self.peek(1) == ("ident", "json"):
+                self.take()
+                self.take()
+                params = {}
+                while self.peek()[0] == "ident" and self.peek(1) == ("op", "="):
+                    name = self.take()
+                    self.take()
+                    params[name] = self.take("string")
+                    if self.peek() == ("op", ","):
+                        self.take()
+                stages.append(("json", params))
+            elif (kind, value) == ("op", "|") and self.peek(1)[0] == "ident":
+                self.take()
+                name = self.take("ident")
+                op = self.take("op")
+                if op not in ("=", "!=", "=~", "!~"):
+                    raise LogQLError(f"parse error: bad label filter operator {op!r}")
+                stages.append(("label", (name, op, self.take("string"))))
+            else:
+                return _Log(matchers, stages)
+
+
+def _match(op: str, actual: str, expected: str) -> bool:
+    if op == "=":
+        return actual == expected
+    if op == "!=":
+        return actual != expected
+    found = re.fullmatch(expected, actual, re.DOTALL) is not None
+    return found if op in ("=~", "|~") else not found
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            _flatten(f"{prefix}_{key}" if prefix else str(key), inner, out)
+    elif isinstance(value, list):
+        out[prefix] = json.dumps(value)
+    elif value is not None:
+        out[prefix] = value if isinstance(value, str) else json.dumps(value)
+
+
+def _run_log(log: _Log, entries: list[Any], lo_ns: int, hi_ns: int) -> list[tuple[dict[str, str], int, str]]:
+    """Entries in (lo, hi] through the selector and the pipeline: (labels, ts, line)."""
+    out = []
+    for entry in entries:
+        if not lo_ns < entry.ts <= hi_ns:
+            continue
+        labels = dict(entry.labels)
+        if not all(_match(op, labels.get(name, ""), value) for name, op, value in log.matchers):
+            continue
+        keep = True
+        for stage, spec in log.stages:
+            if stage == "line":
+                op, text = spec
+                if op == "|=":
+                    keep = text in entry.line
+                elif op == "!=":
+                    keep = text not in entry.line
+                else:
+                    keep = (re.search(text, entry.line) is not None) == (op == "|~")
+            elif stage == "json":
+                try:
+                    body = json.loads(entry.line)
+                    extracted: dict[str, str] = {}
+                    if spec:
+                        for name, path in spec.items():
+                            if isinstance(body, dict) and path in body:
+                                _flatten(name, body[path], extracted)
+                    elif isinstance(body, dict):
+                        _flatten("", body, extracted)
+                    for name, value in extracted.items():
+                        labels[f"{name}_extracted" if name in entry.labels else name] = value
+                except ValueError:
+                    labels["__error__"] = "JSONParserErr"
+            else:
+                name, op, value = spec
+                keep = _match(op, labels.get(name, ""), value)
+            if not keep:
+                break
+        if keep:
+            out.append((labels, entry.ts, entry.line))
+    return out
+
+
+Vector = dict[tuple[tuple[str, str], ...], float]
+
+
+def _key(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in labels.items() if k != "__error__" or v))
+
+
+def _instant(node: _Node, entries: list[Any], at_ns: int) -> Vector | float:
+    if node.kind == "number":
+        return node.args["value"]
+    if node.kind == "range":
+        span = node.args["range"]
+        found: Vector = {}
+        for labels, _, _ in _run_log(node.args["log"], entries, at_ns - int(span * 1e9), at_ns):
+            key = _key(labels)
+            found[key] = found.get(key, 0.0) + 1.0
+        if node.args["fn"] == "rate":
+            found = {k: v / span for k, v in found.items()}
+        return found
+    if node.kind == "agg":
+        inner = _instant(node.args["inner"], entries, at_ns)
+        if not isinstance(inner, dict):
+            raise LogQLError("parse error: aggregation of a scalar")
+        groups: dict[tuple[tuple[str, str], ...], list[float]] = {}
+        by = node.args["by"]
+        for key, value in inner.items():
+            group = tuple((k, v) for k, v in key if by is not None and k in by)
+            groups.setdefault(group, []).append(value)
+        fn = node.args["fn"]
+        reduce = {"sum": sum, "count": len, "max": max, "min": min, "avg": lambda v: sum(v) / len(v)}[fn]
+        return {group: float(reduce(values)) for group, values in groups.items()}
+    if node.kind == "topk":
+        inner = _instant(node.args["inner"], entries, at_ns)
+        if not isinstance(inner, dict):
+            raise LogQLError("parse error: topk of a scalar")
+        ranked = sorted(inner.items(), key=lambda item: -item[1])[: node.args["k"]]
+        return dict(ranked)
+    if node.kind == "div":
+        left = _instant(node.args["left"], entries, at_ns)
+        right = _instant(node.args["right"], entries, at_ns)
+        if isinstance(left, dict) and isinstance(right, dict):
+            return {k: v / right[k] for k, v in left.items() if right.get(k)}
+        if isinstance(left, dict):
+            return {k: v / right for k, v in left.items()} if right else {}
+        if isinstance(right, dict):
+            return {k: left / v for k, v in right.items() if v}
+        return left / right if right else math.nan
+    raise LogQLError("parse error: a log query is not a metric query")
+
+
+def logql_query(text: str, entries: list[Any], start_ns: int, end_ns: int, step_s: float | None,
+                limit: int = 1000) -> dict[str, Any]:  # fmt: skip
+    """Loki's `data` for a query: streams for a log query; a matrix (step) or a vector (instant)."""
+    node = _Parser(text).parse()
+    if node.kind == "log":
+        lines = _run_log(node.args["log"], entries, start_ns - 1, end_ns)
+        lines.sort(key=lambda item: -item[1])
+        streams: dict[tuple[tuple[str, str], ...], list[list[str]]] = {}
+        for labels, ts, line in lines[:limit]:
+            streams.setdefault(_key(labels), []).append([str(ts), line])
+        result = [{"stream": dict(key), "values": values} for key, values in streams.items()]
+        return {"resultType": "streams", "result": result}
+    if step_s is None:
+        value = _instant(node, entries, end_ns)
+        if not isinstance(value, dict):
+            return {"resultType": "scalar", "result": [end_ns / 1e9, str(value)]}
+        return {
+            "resultType": "vector",
+            "result": [{"metric": dict(k), "value": [end_ns / 1e9, str(v)]} for k, v in value.items()],
+        }
+    series: dict[tuple[tuple[str, str], ...], list[list[Any]]] = {}
+    step_ns = max(1, int(step_s * 1e9))
+    at = start_ns
+    while at <= end_ns:
+        value = _instant(node, entries, at)
+        for key, number in value.items() if isinstance(value, dict) else [((), value)]:
+            series.setdefault(key, []).append([at / 1e9, str(number)])
+        at += step_ns
+    return {"resultType": "matrix", "result": [{"metric": dict(k), "values": v} for k, v in series.items()]}
+
+
+def label_values(label: str, stream: str, entries: list[Any], start_ns: int, end_ns: int) -> list[str]:
+    """/loki/api/v1/label/<label>/values, optionally narrowed by a stream selector."""
+    selected = entries
+    if stream:
+        log = _Parser(stream).log_expr()
+        selected = [e for e in entries if all(_match(op, e.labels.get(n, ""), v) for n, op, v in log.matchers)]
+    return sorted({e.labels[label] for e in selected if label in e.labels and start_ns <= e.ts <= end_ns})
+
+
+def loki_frames(ref_id: str, data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Grafana's data frames for a Loki answer: one per series, or one log frame with Time and Line."""
+    frames = []
+    if data["resultType"] == "streams":
+        times, lines, labels = [], [], []
+        for stream in data["result"]:
+            for ts, line in stream["values"]:
+                times.append(int(ts) // 1_000_000)
+                lines.append(line)
+                labels.append(stream["stream"])
+        if times:
+            fields = [
+                {"name": "labels", "type": "other", "typeInfo": {"frame": "json.RawMessage"}},
+                _TIME_FIELD,
+                {"name": "Line", "type": "string", "typeInfo": {"frame": "string"}},
+            ]
+            frames.append(_frame(ref_id, "", "", fields, [labels, times, lines]))
+        return frames
+    rows = data["result"]
+    if data["resultType"] == "vector":
+        rows = [{"metric": r["metric"], "values": [r["value"]]} for r in rows]
+    elif data["resultType"] == "scalar":
+        rows = [{"metric": {}, "values": [data["result"]]}]
+    for row in rows:
+        value_field = {"name": "Value", "type": "number", "typeInfo": {"frame": "float64"}, "labels": row["metric"]}
+        times = [int(float(t) * 1000) for t, _ in row["values"]]
+        values = [float(v) for _, v in row["values"]]
+        frames.append(_frame(ref_id, "", "", [_TIME_FIELD, value_field], [times, values]))
+    return frames

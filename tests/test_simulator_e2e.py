@@ -12,16 +12,17 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from grafana_receiver import GrafanaReceiver, InfluxSource
+from grafana_receiver import GrafanaReceiver, InfluxSource, LokiSource
 from loki_receiver import LokiReceiver
 from servers import InfluxV1
 
 from simulator import dashboards as dash
+from simulator import validate as vd
 from simulator.cli import main
 from telemetry_client.catalog import CATALOG
 
@@ -211,32 +212,85 @@ def test_lines_refused_by_loki_are_reported_as_lost(
 
 
 @pytest.fixture
-def grafana(influx_db: tuple[InfluxV1, str]) -> Iterator[GrafanaReceiver]:
+def grafana(influx_db: tuple[InfluxV1, str], loki: LokiReceiver) -> Iterator[GrafanaReceiver]:
     server, database = influx_db
-    source = InfluxSource(server.url, database, min_interval=timedelta(seconds=1))
-    with GrafanaReceiver({"influxdb": source}, token="glsa_test_token") as receiver:
+    sources = {
+        "influxdb": InfluxSource(server.url, database, min_interval=timedelta(seconds=1)),
+        "loki": LokiSource(loki, min_interval=timedelta(seconds=1)),
+    }
+    with GrafanaReceiver(sources, token="glsa_test_token") as receiver:
         yield receiver
 
 
-def test_queries_through_grafana_ds_query(
-    influx_db: tuple[InfluxV1, str], grafana: GrafanaReceiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def run_window(report: Mapping[str, Any]) -> dash.TimeRange:
+    run = report["run"]
+    return dash.TimeRange(
+        datetime.fromtimestamp(run["started_ns"] / 1e9 - 1, UTC), datetime.fromtimestamp(run["ended_ns"] / 1e9 + 1, UTC)
+    )
+
+
+def test_loki_panels_and_line_counts_through_lokis_query_api(
+    influx_db: tuple[InfluxV1, str], loki: LokiReceiver, grafana: GrafanaReceiver, tmp_path: Path
+) -> None:
+    """The direct Loki path: query_range, query and label values, served over the receiver's entries."""
+    server, database = influx_db
+    report_path = tmp_path / "report.json"
+    argv = [*influx_args(server, database), *QUICK, "--processes", "0", "--miners", "4", "--validators", "1"]
+    argv += ["--points-per-sec", "400", "--lines-per-sec", "500", "--loki-url", loki.base_url]
+    argv += ["--run-id", "sim-logs3", "--datasource", "influxdb", "--no-validate", "--report", str(report_path)]
+    assert main(argv) == 0
+    report = json.loads(report_path.read_text())
+    window = run_window(report)
+    logs_dashboard = [d for d in dash.load_dashboards() if d["uid"] == "telemetry-logs"]
+    loki_api = vd.LokiQL(grafana.url)
+    checks = vd.check_dashboards(
+        logs_dashboard, {"loki": loki_api}, window, "simnet", min_interval=timedelta(seconds=1)
+    )
+    assert len(checks) == 14  # 6 variables and 8 panel targets
+    assert {c.status for c in checks} == {"OK"}, [(c.title, c.status, c.message) for c in checks if c.status != "OK"]
+    counted = vd.loki_line_counts(loki_api, "simnet", "sim-logs3", window)
+    assert counted == vd.lines_by_level(report["fleet"]["logs"]["sent_by_key"])
+    assert vd.loki_line_counts(loki_api, "simnet", "sim-no-such-run", window) == {}
+
+
+def test_queries_and_counts_through_grafana_ds_query(
+    influx_db: tuple[InfluxV1, str],
+    loki: LokiReceiver,
+    grafana: GrafanaReceiver,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     server, database = influx_db
     monkeypatch.setenv("GRAFANA_TOKEN", "glsa_test_token")
     report_path = tmp_path / "report.json"
     argv = [*influx_args(server, database), *QUICK, "--processes", "0", "--miners", "6", "--points-per-sec", "800"]
-    argv += ["--grafana-url", grafana.url, "--datasource", "influxdb", "--report", str(report_path)]
+    argv += ["--lines-per-sec", "300", "--loki-url", loki.base_url, "--grafana-url", grafana.url]
+    argv += ["--report", str(report_path)]
     code = main(argv)
     report = json.loads(report_path.read_text())
-    assert code == 0, [q for q in report["queries"] if q["status"] != "OK"]
-    checks = influx_checks(report)
-    assert checks and {q["status"] for q in checks} == {"OK"}
+    assert code == 0, [q for q in report["queries"] if q["status"] not in ("OK", "SKIPPED")]
+    statuses = {(q["datasource"], q["kind"], q["status"]) for q in report["queries"]}
+    # Every panel, InfluxQL and LogQL, returned data through Grafana; Loki's label_values
+    # variables go through Grafana's resource API, which this path does not use.
+    assert statuses == {
+        ("influxdb", "panel", "OK"),
+        ("influxdb", "variable", "OK"),
+        ("loki", "panel", "OK"),
+        ("loki", "variable", "SKIPPED"),
+    }
     assert set(grafana.authorizations) == {"Bearer glsa_test_token"}
-    seen = grafana.queries
-    assert len(seen) == len(checks)
+    seen = [q for q in grafana.queries if q.datasource_uid == "influxdb"]
     # Template variables were filled in by the simulator; Grafana's macros were left to Grafana.
     panel_queries = [q for q in seen if "$timeFilter" in q.raw]
     assert panel_queries and all("$network" not in q.raw and "time >= " in q.executed for q in panel_queries)
+    assert any(
+        "$__auto" in q.raw and "$__auto" not in q.executed for q in grafana.queries if q.datasource_uid == "loki"
+    )
+    # The accounting went through Grafana as well, and found everything.
+    assert any("count(*)" in q.raw for q in seen)
+    stores = {row["store"] for row in report["delivery"]}
+    assert stores == {"influxdb", "loki"} and all(row["ok"] for row in report["delivery"])
+    assert report["summary"]["lines_sent"] == sum(run_lines(loki, report["run"]["run_id"]).values()) > 0
 
 
 def test_wrong_grafana_credentials_fail_every_query(
