@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
@@ -373,3 +374,55 @@ def test_help_documents_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_roles_cover_the_catalog() -> None:
     assert set(COUNTS) == set(ROLES)
+
+
+# ---------------------------------------------------------------- the tests' LogQL evaluator
+
+
+def _entries() -> list[Any]:
+    from loki_receiver import Entry
+
+    def entry(level: str, uid: str, ts_s: int, body: dict[str, Any] | str) -> Entry:
+        labels = {"environment": "net", "service": "miner", "level": level, "uid": uid}
+        line = body if isinstance(body, str) else json.dumps(body)
+        return Entry(labels, "", ts_s * 10**9, line, None, None)
+
+    return [
+        entry("info", "1", 10, {"message": "step", "run_id": "r1", "logger": "a"}),
+        entry("info", "2", 11, {"message": "step", "run_id": "r1", "logger": "a"}),
+        entry("error", "1", 12, {"message": "failed", "run_id": "r1", "logger": "b"}),
+        entry("error", "2", 13, {"message": "failed", "run_id": "r2", "logger": "b"}),
+        entry("warning", "1", 14, "not json at all"),
+    ]
+
+
+def test_logql_evaluator_counts_groups_and_filters() -> None:
+    from grafana_receiver import LogQLError, label_values, logql_query
+
+    entries, end = _entries(), 20 * 10**9
+
+    def instant(expr: str) -> dict[tuple[tuple[str, str], ...], float]:
+        data = logql_query(expr, entries, end, end, None)
+        return {tuple(sorted(r["metric"].items())): float(r["value"][1]) for r in data["result"]}
+
+    assert instant('sum by (level) (count_over_time({environment="net"}[20s]))') == {
+        (("level", "info"),): 2,
+        (("level", "error"),): 2,
+        (("level", "warning"),): 1,
+    }
+    assert instant('sum(count_over_time({environment=~"ne"}[20s]))') == {}  # regexes are anchored
+    assert instant('sum(count_over_time({environment="net"} | json run_id="run_id" | run_id="r1" [20s]))') == {(): 3}
+    assert instant('sum(count_over_time({environment="net"} | json | __error__="" [20s]))') == {(): 4}
+    assert instant('sum(count_over_time({environment="net"} |= "failed" [20s]))') == {(): 2}
+    assert instant('sum(count_over_time({environment="net"}[5s]))') == {}  # nothing in (15s, 20s]
+    ratio = instant('sum(rate({environment="net", level="error"}[20s])) / sum(rate({environment="net"}[20s]))')
+    assert ratio == {(): pytest.approx(0.4)}
+    top = instant('topk(1, sum by (uid) (count_over_time({environment="net"}[20s])))')
+    assert top == {(("uid", "1"),): 3}
+    streams = logql_query('{level=~"error|info"} |~ "(?i)FAILED" | json', entries, 0, end, None)
+    assert sum(len(s["values"]) for s in streams["result"]) == 2
+    assert label_values("uid", '{level="error"}', entries, 0, end) == ["1", "2"]
+    with pytest.raises(LogQLError):
+        logql_query('sum(count_over_time({environment="net"} [20x]))', entries, end, end, None)
+    with pytest.raises(LogQLError):
+        logql_query("sum by (level (", entries, end, end, None)
