@@ -11,6 +11,7 @@ Secrets are read from the environment or from files, never from flags.
 from __future__ import annotations
 
 import argparse
+import base64
 import os
 import secrets
 import sys
@@ -329,11 +330,24 @@ def runners_for(stack: Stack, selected: Sequence[str]) -> dict[str, vd.Runner]:
         runners["influxdb"] = influxql(stack)
     if "loki" in selected:
         runners["loki"] = (
-            vd.LokiQL(stack.loki_url)
+            lokiql(stack.loki_url)
             if stack.loki_url
             else _Unconfigured("no Loki URL: set --loki-url or LOKI_URL, or leave Loki out with --datasource influxdb")
         )
     return runners
+
+
+def lokiql(url: str) -> vd.LokiQL:
+    """Loki's query API with the client's own credentials (LOKI_USERNAME/PASSWORD or BEARER_TOKEN, TENANT_ID)."""
+    headers: list[tuple[str, str]] = []
+    user, password, bearer = _env("LOKI_USERNAME"), _env("LOKI_PASSWORD"), _env("LOKI_BEARER_TOKEN")
+    if user and password:
+        headers.append(("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()))
+    elif bearer:
+        headers.append(("Authorization", f"Bearer {bearer}"))
+    if _env("LOKI_TENANT_ID"):
+        headers.append(("X-Scope-OrgID", _env("LOKI_TENANT_ID") or ""))
+    return vd.LokiQL(url, tuple(headers))
 
 
 def influxql(stack: Stack) -> vd.InfluxQL:
@@ -425,7 +439,7 @@ def account_delivery(
     # Timestamps come from the nodes' clocks; a minute of slack either side costs nothing.
     wide = dash.TimeRange(window.start - timedelta(minutes=1), window.end + timedelta(minutes=1))
     influx: vd.InfluxQL | vd.GrafanaInfluxQL = influxql(stack)
-    loki: vd.LokiQL | vd.GrafanaLogQL | None = vd.LokiQL(stack.loki_url) if stack.loki_url else None
+    loki: vd.LokiQL | vd.GrafanaLogQL | None = lokiql(stack.loki_url) if stack.loki_url else None
     if stack.grafana is not None:  # count through Grafana too: its credentials are all the run needs
         influx = vd.GrafanaInfluxQL(stack.grafana, uids.get("influxdb", "influxdb"), wide)
         loki = vd.GrafanaLogQL(stack.grafana, uids.get("loki", "loki"))
