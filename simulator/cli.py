@@ -388,8 +388,9 @@ def execute(args: argparse.Namespace, line_counter: LineCounter | None = None) -
         system_interval=args.system_interval,
         self_metrics_interval=args.self_metrics_interval,
     )
+    lines_per_sec = args.lines_per_sec if stack.loki_url else 0.0  # no Loki, no log lines
     settings = load.LoadSettings(
-        args.points_per_sec, args.lines_per_sec, args.duration, args.ramp, args.processes, args.close_timeout
+        args.points_per_sec, lines_per_sec, args.duration, args.ramp, args.processes, args.close_timeout
     )
     with load.ProgressView(settings, enabled=load.progress_enabled(args.quiet)) as progress:
         fleet = load.run_fleet(specs, run, plan, targets, settings, progress)

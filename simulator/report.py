@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from simulator.load import FleetResult
+from simulator.load import NOT_LOSS, FleetResult
 from simulator.validate import EMPTY, ERROR, OK, SKIPPED, DeliveryRow, QueryCheck
 
 EXIT_OK = 0
@@ -24,9 +24,6 @@ EXIT_USAGE = 2
 EXIT_LOSS = 4
 EXIT_FLEET = 8
 REPORT_VERSION = 1
-# Not lost records: sampling is the caller's choice, and a non-finite value drops one field
-# of a point that is still delivered (the simulated miners overflow now and then, see signals).
-NOT_LOSS = frozenset({"sampled_out", "non_finite"})
 
 
 def client_drops(fleet: FleetResult) -> dict[str, dict[str, int]]:
