@@ -132,6 +132,14 @@ def run_nodes(
             want_points = target_count(points_per_sec, ramp, elapsed)
             want_lines = target_count(lines_per_sec, ramp, elapsed)
             budget = 1000  # re-read the clock and report progress at least every 1000 records
+            # Lines get their share of the budget first, so a fleet that falls behind on
+            # points still writes logs in proportion.
+            share = budget * lines_per_sec // (points_per_sec + lines_per_sec) + 1 if lines_per_sec else 0
+            while lines < want_lines and share > 0:
+                lines += loggers[j].log_line()
+                j = j + 1 if j + 1 < len(loggers) else 0
+                share -= 1
+                budget -= 1
             while points < want_points and budget > 0:
                 points += nodes[i].tick()
                 i = i + 1 if i + 1 < len(nodes) else 0
@@ -150,6 +158,7 @@ def run_nodes(
     except KeyboardInterrupt:
         interrupted = True
     load_seconds = time.monotonic() - start
+    at_end = _snapshot(nodes, load_seconds, points, lines, detail=False)
     for node in nodes:
         node.finish()
     deadline = time.monotonic() + close_timeout
@@ -161,6 +170,8 @@ def run_nodes(
         "lines_logged": lines,
         "load_seconds": load_seconds,
         "close_seconds": time.monotonic() - start - load_seconds,
+        # Records still buffered when the load stopped: a backlog that grows means delivery falls behind.
+        "pending_at_end": at_end.metrics["pending"] + at_end.logs["pending"],
         "metrics": final.metrics,
         "logs": final.logs,
         "cpu_seconds": _cpu_seconds() - cpu_before,
@@ -225,6 +236,7 @@ class FleetResult:
     nodes: int
     interrupted: bool = False
     errors: list[str] = field(default_factory=list)
+    pending_at_end: int = 0
 
     @property
     def points_per_sec(self) -> float:
@@ -243,6 +255,7 @@ def split(specs: Sequence[NodeSpec], parts: int) -> list[tuple[NodeSpec, ...]]:
 
 def _combine(outcomes: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {
+        "pending_at_end": sum(o["pending_at_end"] for o in outcomes),
         "points_logged": sum(o["points_logged"] for o in outcomes),
         "lines_logged": sum(o["lines_logged"] for o in outcomes),
         "load_seconds": max((o["load_seconds"] for o in outcomes), default=0.0),

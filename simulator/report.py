@@ -77,6 +77,7 @@ def build_report(
             "points_per_sec": round(fleet.points_per_sec, 1),
             "lines_per_sec": round(fleet.lines_per_sec, 1),
             "cpu_seconds": round(fleet.cpu_seconds, 3),
+            "pending_at_end": fleet.pending_at_end,
             "interrupted": fleet.interrupted,
             "errors": fleet.errors,
             "metrics": fleet.metrics,
