@@ -5,9 +5,10 @@ property test proves it equal to `Point.to_line_protocol()` on every input it
 accepts. It accepts only what InfluxDB stores exactly:
 
 - names (measurement, tag keys, tag values, field keys) are non-empty strings
-  without tab, newline, carriage return or backslash. Line protocol has no
-  escape for the first three (`Point` writes a literal backslash-n), and a
-  backslash is read differently by InfluxDB 1.x (literal) and 2.x (`\\\\` is one);
+  without tab, newline, carriage return, NUL or backslash. Line protocol has no
+  escape for the first three (`Point` writes a literal backslash-n), InfluxDB
+  mangles a leading NUL, and a backslash is read differently by InfluxDB 1.x
+  (literal) and 2.x (`\\\\` is one);
 - a measurement does not start with `#` (InfluxDB reads that line as a comment);
 - `time`, `_field` and `_measurement` are not used as tag or field keys.
 
@@ -21,7 +22,7 @@ import math
 _ESCAPE_MEASUREMENT = str.maketrans({",": r"\,", " ": r"\ "})
 _ESCAPE_KEY = str.maketrans({",": r"\,", "=": r"\=", " ": r"\ "})
 _ESCAPE_STRING = str.maketrans({'"': r"\"", "\\": r"\\"})
-_UNREPRESENTABLE = ("\n", "\r", "\t", "\\")
+_UNREPRESENTABLE = ("\n", "\r", "\t", "\\", "\x00")
 RESERVED_KEYS = frozenset({"time", "_field", "_measurement"})
 
 

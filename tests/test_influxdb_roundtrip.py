@@ -17,7 +17,7 @@ FAST = BufferSettings(flush_interval=0.05, retry_base=0.05, retry_cap=0.2)
 
 # Mostly characters that line protocol escapes, some unicode, and now and then one
 # it cannot carry (tab, newline, backslash), which must be refused and counted.
-SPECIAL = list(',= "\'#_aZ9é漢🚀\x01') * 3 + ["\n", "\t", "\\"]
+SPECIAL = list(',= "\'#_aZ9é漢🚀\x01') * 3 + ["\n", "\t", "\\", "\x00"]
 tricky_text = st.text(
     alphabet=st.sampled_from(SPECIAL) | st.characters(blacklist_categories=("Cs",), blacklist_characters="\n\t\r\\"),
     min_size=1,
