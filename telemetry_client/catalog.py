@@ -220,6 +220,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
             Field("pending_bytes", "bytes", "encoded bytes buffered, not yet delivered"),
             Field("bytes_sent", "bytes", "compressed bytes the server accepted"),
             Field("dropped", "count", "records dropped, all reasons"),
+            Field("truncated", "count", "log lines shortened to Loki's line limit (delivered, marked)"),
             *(Field(f"dropped_{reason}", "count", f"records dropped: {reason}") for reason in DROP_REASONS),
         ),
     ),

@@ -185,6 +185,10 @@ class LokiSink:
 
     # -- encoding (sender thread) --
 
+    def extra_stats(self) -> dict[str, int]:
+        """Merged into the channel's stats: lines shortened to fit (delivered with a marker)."""
+        return {"truncated": self.truncated}
+
     def encode(self, record: LokiRecord, emit: Callable[[Item], None], drop: Callable[[str, int], None]) -> None:
         ts, levelno, levelname, logger, message, exception, stack, pid, thread, bound, extra, call = record
         fields: dict[str, Any] = {"message": message, "level": levelname.lower(), "logger": logger}

@@ -196,6 +196,8 @@ class InfluxSink:
             }
             for reason, count in stats["dropped_by_reason"].items():
                 fields[f"dropped_{reason}"] = float(count)
+            if "truncated" in stats:
+                fields["truncated"] = float(stats["truncated"])
             self.submit((SELF_METRICS_MEASUREMENT, {"sink": stats["sink"]}, fields, ts, False, False))
 
 

@@ -85,6 +85,8 @@ class Sink(Protocol):
     def on_idle(self, now: float) -> None:
         """Called on the sender thread at every wake-up; for periodic work such as self-metrics."""
 
+    # Optional: `extra_stats() -> dict[str, int]`, counters of the sink merged into `Channel.stats()`.
+
 
 class Counter:
     """A thread-safe counter that callers bump without a lock (itertools.count is atomic in CPython)."""
@@ -454,7 +456,7 @@ class Channel:
             if sampled:
                 dropped["sampled_out"] = sampled
             intake = len(self._intake)
-            return {
+            stats = {
                 "sink": self.sink.name,
                 "queued": self.drained + intake + intake_drops,
                 "sent": self.sent,
@@ -469,6 +471,10 @@ class Channel:
                 "last_error": self.last_error,
                 "last_error_time": self.last_error_time,
             }
+        extra = getattr(self.sink, "extra_stats", None)
+        if extra is not None:
+            stats.update(extra())
+        return stats
 
 
 class Engine:

@@ -177,6 +177,7 @@ def _field_value(name: str, step: int, rng: random.Random) -> float:
         "max_allocated_bytes": 7e10,
         "segments": float(rng.randint(100, 400)),
         "pending": float(rng.randint(0, 500)),
+        "truncated": float(step // 5),
         "pending_bytes": float(rng.randint(0, 1_000_000)),
     }
     if name in table:
