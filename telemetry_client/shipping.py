@@ -35,7 +35,7 @@ from telemetry_client.transport import HttpTransport, Response, TransportError
 # measurement name or a stream).
 Item = tuple[Any, int, str]
 
-RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+RETRYABLE_STATUS = frozenset({408, 425, 429})  # and every 5xx
 DEFAULT_EXIT_TIMEOUT = 3.0
 
 
@@ -326,7 +326,7 @@ class Channel:
                 self._pop_oldest()
                 self._delivered(batch)
                 return True
-            if response is not None and response.status not in RETRYABLE_STATUS:
+            if response is not None and response.status < 500 and response.status not in RETRYABLE_STATUS:
                 return self._rejected(batch, response)
             self._schedule_retry(response, error)
             return False
