@@ -16,6 +16,7 @@ import os
 import secrets
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -281,6 +282,43 @@ def check_reachable(url: str, what: str) -> None:
         raise UsageError(f"{what} at {url} is unreachable: {getattr(exc, 'reason', exc)}") from None
 
 
+def check_client_config(targets: fl.Targets) -> None:
+    """Build a client as the nodes will, so a configuration error stops the run here, not in a worker."""
+    from telemetry_client.loki import push_url
+    from telemetry_client.metrics import ConfigurationError, MetricsLogger
+
+    try:
+        MetricsLogger(
+            url=targets.influx_url,
+            database=targets.database,
+            token=targets.token,
+            org=targets.org,
+            api_version=targets.api_version,
+            username=targets.username,
+            password=targets.password,
+            self_metrics_interval=None,
+        ).close(0.1)
+        if targets.loki_url:
+            push_url(targets.loki_url)
+    except ConfigurationError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def without_userinfo(url: str | None) -> str | None:
+    """A URL as the report may show it: user and password removed."""
+    if not url:
+        return url
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    netloc = parts.hostname or ""
+    if ":" in netloc:
+        netloc = f"[{netloc}]"
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
 def public_settings(args: argparse.Namespace, stack: Stack, run: fl.RunIdentity) -> dict[str, Any]:
     """What the report records about the run's configuration: no secret, ever."""
     return {
@@ -297,11 +335,11 @@ def public_settings(args: argparse.Namespace, stack: Stack, run: fl.RunIdentity)
         "processes": args.processes,
         "window_seconds": args.window_seconds,
         "seed": run.seed,
-        "influxdb_url": stack.influx_url,
+        "influxdb_url": without_userinfo(stack.influx_url),
         "influxdb_database": stack.database,
         "influxdb_api_version": stack.api_version,
-        "loki_url": stack.loki_url,
-        "grafana_url": stack.grafana.url if stack.grafana else None,
+        "loki_url": without_userinfo(stack.loki_url),
+        "grafana_url": without_userinfo(stack.grafana.url) if stack.grafana else None,
         "dashboards": str(args.dashboards),
         "datasources": sorted(args.datasource or DATASOURCE_TYPES),
         "min_interval": args.min_interval,
@@ -388,6 +426,7 @@ def execute(args: argparse.Namespace, line_counter: LineCounter | None = None) -
         system_interval=args.system_interval,
         self_metrics_interval=args.self_metrics_interval,
     )
+    check_client_config(targets)
     lines_per_sec = args.lines_per_sec if stack.loki_url else 0.0  # no Loki, no log lines
     settings = load.LoadSettings(
         args.points_per_sec, lines_per_sec, args.duration, args.ramp, args.processes, args.close_timeout

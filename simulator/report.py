@@ -158,7 +158,8 @@ def print_report(report: dict[str, Any], console: Any = None, verbose: bool = Fa
         f"{fleet['cpu_seconds']:.1f}s CPU; retries {retries}"
     )
     for error in fleet["errors"]:
-        console.print(f"[red]fleet error: {error}[/]")
+        lines = [line for line in error.strip().splitlines() if line.strip()]
+        console.print(f"[red]fleet error: {lines[0]} ... {lines[-1]}[/]" if len(lines) > 1 else f"[red]{error}[/]")
     for sink, reasons in summary["client_drops"].items():
         console.print(f"[red]{sink} client dropped: {reasons}[/]")
     verdict = "[green]OK[/]" if summary["ok"] else f"[red]FAILED (exit code {summary['exit_code']})[/]"

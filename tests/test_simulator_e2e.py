@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -318,3 +319,42 @@ def test_an_unreachable_influxdb_is_a_usage_error(tmp_path: Path, capsys: pytest
     code = main(["--influxdb-url", url, "--influxdb-api-version", "1", "--quiet"])
     assert code == 2
     assert "unreachable" in capsys.readouterr().err
+
+
+def test_v2_write_path_with_a_token_from_the_environment(
+    victoria_server: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The default API v2 (/api/v2/write, token from INFLUXDB_TOKEN) floods a real v2-write server.
+
+    VictoriaMetrics takes InfluxDB's v2 writes but not InfluxQL, so this run floods only.
+    """
+    monkeypatch.setenv("INFLUXDB_URL", victoria_server.url)
+    monkeypatch.setenv("INFLUXDB_TOKEN", "token-for-a-test-server")
+    report_path = tmp_path / "report.json"
+    argv = [*QUICK, "--duration", "1.5", "--processes", "0", "--miners", "2", "--validators", "1"]
+    argv += ["--points-per-sec", "300", "--run-id", "sim-vm1", "--no-validate", "--report", str(report_path)]
+    assert main(argv) == 0
+    report = json.loads(report_path.read_text())
+    assert report["settings"]["influxdb_api_version"] == 2
+    assert "token-for-a-test-server" not in report_path.read_text()
+    sent = report["fleet"]["metrics"]["sent_by_key"]
+    assert sent["training_step"] > 0 and report["summary"]["client_drops"] == {}
+    match = '{__name__="training_step_loss", runtime_id=~"sim-vm1-.*"}'
+    exported = victoria_server.wait_for_series(match, 2)
+    deadline = time.monotonic() + 15  # the last samples take a moment to become searchable
+    while sum(len(s["values"]) for s in exported) < sent["training_step"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+        victoria_server.flush()
+        exported = victoria_server.export(match)
+    assert {s["metric"]["role"] for s in exported} == {"miner"}
+    assert sum(len(s["values"]) for s in exported) == sent["training_step"]
+
+
+def test_a_client_configuration_error_stops_the_run_before_any_load(
+    monkeypatch: pytest.MonkeyPatch, influx_db: tuple[InfluxV1, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    server, database = influx_db
+    monkeypatch.setenv("INFLUXDB_USERNAME", "only-a-user")
+    code = main([*influx_args(server, database), "--quiet"])
+    assert code == 2
+    assert "INFLUXDB_PASSWORD" in capsys.readouterr().err
