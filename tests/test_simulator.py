@@ -374,7 +374,8 @@ def test_help_documents_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_roles_cover_the_catalog() -> None:
-    assert set(COUNTS) == set(ROLES)
+    assert set(COUNTS) == set(ROLES) == set(fl.role_counts(1, 2, 3, 4))
+    assert fl.role_counts(1, 2, 3, 4)["validator"] == 2
 
 
 # ---------------------------------------------------------------- the tests' LogQL evaluator
