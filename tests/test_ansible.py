@@ -19,6 +19,8 @@ and only the collections bundled with the ansible package are used.
 
 from __future__ import annotations
 
+import http.server
+import itertools
 import json
 import os
 import re
@@ -26,6 +28,8 @@ import secrets
 import shutil
 import string
 import subprocess
+import threading
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -69,10 +73,7 @@ def _assert_ok(result: subprocess.CompletedProcess) -> None:
 
 def _recap_changed(output: str) -> dict[str, int]:
     """changed= count per host from the PLAY RECAP."""
-    return {
-        host: int(changed)
-        for host, changed in re.findall(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)", output, re.M)
-    }
+    return {host: int(changed) for host, changed in re.findall(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)", output, re.M)}
 
 
 def _pinned(key: str) -> str | None:
@@ -132,9 +133,7 @@ def test_secrets(tmp_path) -> Path:
         "vault_grafana_admin_password": secrets.token_urlsafe(24),
         "vault_grafana_secret_key": secrets.token_urlsafe(32),
         "vault_grafana_influxdb_token": secrets.token_urlsafe(64),
-        "vault_reverse_proxy_grafana_users": [
-            {"username": "operator", "password_hash": _bcrypt_like()}
-        ],
+        "vault_reverse_proxy_grafana_users": [{"username": "operator", "password_hash": _bcrypt_like()}],
         "vault_reverse_proxy_loki_users": [{"username": "node", "password_hash": _bcrypt_like()}],
     }
     path = tmp_path / "secrets.json"
@@ -271,9 +270,7 @@ def _docker_unavailable_reason() -> str | None:
     if info.returncode != 0:
         detail = (info.stderr.strip().splitlines() or ["no output"])[-1]
         return f"no Docker engine answers `docker info`: {detail}"
-    drivers = subprocess.run(
-        ["molecule", "drivers"], capture_output=True, text=True, timeout=60, check=False
-    )
+    drivers = subprocess.run(["molecule", "drivers"], capture_output=True, text=True, timeout=60, check=False)
     if "docker" not in drivers.stdout:
         return "molecule's docker driver is not installed (pip install 'molecule-plugins[docker]')"
     return None
@@ -288,3 +285,296 @@ def test_molecule_docker_scenario(role):
         pytest.skip(reason)
     result = _run(["molecule", "test", "-s", "docker"], cwd=ROLES_DIR / role, timeout=1800)
     _assert_ok(result)
+
+
+# --- the influxdb role's API setup against a stand-in InfluxDB 2 API ---------------
+#
+# No InfluxDB 2 can run here, so the role's setup tasks (tasks/setup.yml) run
+# against a small HTTP server that follows the documented InfluxDB 2 API for
+# the calls the role makes, strictly: JSON types as InfluxDB's decoder wants
+# them, the operator token on every call after setup, 422 for a second setup.
+
+
+class FakeInfluxDB:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.ids = (f"{n:016x}" for n in itertools.count(0x0A00000000000001))
+        self.setup_done = False
+        self.admin_token = None
+        self.orgs, self.buckets, self.dbrps, self.auths = [], [], [], []
+        self.calls: list[tuple[str, str]] = []
+
+    def _new_id(self):
+        return next(self.ids)
+
+    def handle(self, method, url, headers, body):
+        parsed = urllib.parse.urlsplit(url)
+        path, query = parsed.path, dict(urllib.parse.parse_qsl(parsed.query))
+        self.calls.append((method, path))
+        if path == "/health":
+            return 200, {"status": "pass"}
+        if path == "/api/v2/setup":
+            if method == "GET":
+                return 200, {"allowed": not self.setup_done}
+            if self.setup_done:
+                return 422, {"code": "conflict", "message": "onboarding has already been completed"}
+            for key, kind in (
+                ("username", str),
+                ("password", str),
+                ("org", str),
+                ("bucket", str),
+                ("token", str),
+                ("retentionPeriodSeconds", int),
+            ):
+                if not isinstance(body.get(key), kind) or isinstance(body.get(key), bool):
+                    return 400, {"code": "invalid", "message": f"bad {key}"}
+            org = {"id": self._new_id(), "name": body["org"]}
+            self.orgs.append(org)
+            self.buckets.append(self._bucket(org["id"], body["bucket"], body["retentionPeriodSeconds"]))
+            self.admin_token = body["token"]
+            self.auths.append(
+                {
+                    "id": self._new_id(),
+                    "token": body["token"],
+                    "status": "active",
+                    "description": f"{body['username']}'s Token",
+                    "orgID": org["id"],
+                    "permissions": [{"action": "write", "resource": {"type": "orgs"}}],
+                }
+            )
+            self.setup_done = True
+            return 201, {"org": org}
+        token = headers.get("Authorization", "").removeprefix("Token ")
+        if not self.setup_done or not token:
+            return 401, {"code": "unauthorized", "message": "unauthorized access"}
+        reader = next((a for a in self.auths if a["token"] == token and a["status"] == "active"), None)
+        if reader is None:
+            return 401, {"code": "unauthorized", "message": "unauthorized access"}
+        if token != self.admin_token:
+            # Only what the role asks of the read token: reading its bucket.
+            bucket_id = path.rsplit("/", 1)[-1]
+            allowed = any(p["action"] == "read" and p["resource"].get("id") == bucket_id for p in reader["permissions"])
+            if method == "GET" and path.startswith("/api/v2/buckets/") and allowed:
+                return 200, next(b for b in self.buckets if b["id"] == bucket_id)
+            return 403, {"code": "forbidden", "message": "insufficient permissions"}
+        if path == "/api/v2/orgs":
+            if method == "GET":
+                found = [o for o in self.orgs if o["name"] == query.get("org", o["name"])]
+                if "org" in query and not found:
+                    return 404, {"code": "not found", "message": "organization not found"}
+                return 200, {"orgs": found}
+            org = {"id": self._new_id(), "name": body["name"]}
+            self.orgs.append(org)
+            return 201, org
+        if path == "/api/v2/buckets":
+            if method == "GET":
+                found = [
+                    b
+                    for b in self.buckets
+                    if b["orgID"] == query.get("orgID") and b["name"] == query.get("name", b["name"])
+                ]
+                if "name" in query and not found:
+                    return 404, {"code": "not found", "message": "bucket not found"}
+                return 200, {"buckets": found}
+            rules = body.get("retentionRules")
+            if not self._valid_rules(rules):
+                return 400, {"code": "invalid", "message": "bad retentionRules"}
+            bucket = self._bucket(body["orgID"], body["name"], rules[0]["everySeconds"])
+            self.buckets.append(bucket)
+            return 201, bucket
+        if path.startswith("/api/v2/buckets/"):
+            bucket = next((b for b in self.buckets if b["id"] == path.rsplit("/", 1)[-1]), None)
+            if bucket is None:
+                return 404, {"code": "not found", "message": "bucket not found"}
+            if method == "PATCH":
+                if not self._valid_rules(body.get("retentionRules")):
+                    return 400, {"code": "invalid", "message": "bad retentionRules"}
+                bucket["retentionRules"] = body["retentionRules"]
+            return 200, bucket
+        if path == "/api/v2/dbrps":
+            if method == "GET":
+                if "orgID" not in query:
+                    return 400, {"code": "invalid", "message": "either org or orgID must be provided"}
+                found = [
+                    d
+                    for d in self.dbrps
+                    if d["orgID"] == query["orgID"] and d["database"] == query.get("db", d["database"])
+                ]
+                return 200, {"content": found}
+            if not all(isinstance(body.get(k), str) for k in ("orgID", "bucketID", "database", "retention_policy")):
+                return 400, {"code": "invalid", "message": "bad dbrp"}
+            dbrp = {"id": self._new_id(), **body}
+            self.dbrps.append(dbrp)
+            return 201, dbrp
+        if path == "/api/v2/authorizations":
+            if method == "GET":
+                return 200, {"authorizations": [a for a in self.auths if a["orgID"] == query.get("orgID", a["orgID"])]}
+            if not body.get("permissions") or not body.get("orgID"):
+                return 400, {"code": "invalid", "message": "authorization must include permissions"}
+            auth = {
+                "id": self._new_id(),
+                "token": secrets.token_urlsafe(64),
+                "status": body.get("status", "active"),
+                "description": body["description"],
+                "orgID": body["orgID"],
+                "permissions": body["permissions"],
+            }
+            self.auths.append(auth)
+            return 201, auth
+        return 404, {"code": "not found", "message": f"path not found: {path}"}
+
+    def _bucket(self, org_id, name, seconds):
+        return {
+            "id": self._new_id(),
+            "orgID": org_id,
+            "name": name,
+            "retentionRules": [{"type": "expire", "everySeconds": seconds}],
+        }
+
+    @staticmethod
+    def _valid_rules(rules):
+        return (
+            isinstance(rules, list)
+            and len(rules) == 1
+            and rules[0].get("type") == "expire"
+            and isinstance(rules[0].get("everySeconds"), int)
+            and not isinstance(rules[0].get("everySeconds"), bool)
+        )
+
+
+@pytest.fixture
+def fake_influxdb():
+    fake = FakeInfluxDB()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _serve(self):
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            try:
+                body = json.loads(raw) if raw else {}
+            except ValueError:
+                body = None
+            with fake.lock:
+                if body is None:
+                    status, payload = 400, {"code": "invalid", "message": "invalid json"}
+                else:
+                    status, payload = fake.handle(self.command, self.path, self.headers, body)
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = do_PATCH = _serve
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    fake.url = f"http://127.0.0.1:{server.server_address[1]}"
+    yield fake
+    server.shutdown()
+    server.server_close()
+
+
+def _run_influxdb_setup(fake, tmp_path, **extra):
+    playbook = tmp_path / "setup.yml"
+    playbook.write_text(
+        "- name: InfluxDB setup through the API\n"
+        "  hosts: localhost\n"
+        "  gather_facts: false\n"
+        "  tasks:\n"
+        "    - name: Run the influxdb role's API setup\n"
+        "      ansible.builtin.include_role:\n"
+        "        name: influxdb\n"
+        "        tasks_from: setup.yml\n"
+    )
+    variables = {
+        "influxdb_api_url": fake.url,
+        "influxdb_dir": str(tmp_path / "influxdb"),
+        "influxdb_admin_password": "stand-in-" + secrets.token_hex(8),
+        "influxdb_admin_token": fake.admin_token or secrets.token_urlsafe(48),
+        "influxdb_retention_days": 30,
+        "influxdb_no_log": False,
+        **extra,
+    }
+    (tmp_path / "influxdb" / "secrets").mkdir(parents=True, exist_ok=True, mode=0o700)
+    extra_vars = tmp_path / "vars.json"
+    extra_vars.write_text(json.dumps(variables))
+    extra_vars.chmod(0o600)
+    fake.calls.clear()
+    return _run(
+        [
+            "ansible-playbook",
+            "-i",
+            "localhost,",
+            "-c",
+            "local",
+            "-e",
+            "ansible_python_interpreter={{ ansible_playbook_python }}",
+            "-e",
+            f"@{extra_vars}",
+            str(playbook),
+        ]
+    )
+
+
+def test_influxdb_api_setup_is_idempotent_and_applies_retention(fake_influxdb, tmp_path):
+    fake = fake_influxdb
+    first = _run_influxdb_setup(fake, tmp_path)
+    _assert_ok(first)
+    assert fake.setup_done
+    [bucket] = fake.buckets
+    assert bucket["name"] == "telemetry"
+    assert bucket["retentionRules"] == [{"type": "expire", "everySeconds": 30 * 86400}]
+    [dbrp] = fake.dbrps
+    assert (dbrp["database"], dbrp["retention_policy"], dbrp["bucketID"], dbrp["default"]) == (
+        "telemetry",
+        "autogen",
+        bucket["id"],
+        True,
+    )
+    by_description = {a["description"]: a for a in fake.auths}
+    write = by_description["telemetry nodes: write telemetry"]
+    read = by_description["grafana: read telemetry"]
+    assert write["permissions"] == [
+        {"action": "write", "resource": {"type": "buckets", "id": bucket["id"], "orgID": bucket["orgID"]}}
+    ]
+    assert read["permissions"][0]["action"] == "read"
+    secrets_dir = tmp_path / "influxdb" / "secrets"
+    for name, auth in (("node-write.token", write), ("grafana-read.token", read)):
+        assert (secrets_dir / name).read_text() == auth["token"]
+        assert (secrets_dir / name).stat().st_mode & 0o777 == 0o600
+
+    # A second run changes nothing, in InfluxDB or on disk.
+    second = _run_influxdb_setup(fake, tmp_path)
+    _assert_ok(second)
+    assert _recap_changed(second.stdout) == {"localhost": 0}, second.stdout[-OUTPUT_TAIL:]
+    assert not [c for c in fake.calls if c[0] in ("POST", "PATCH")], fake.calls
+    assert len(fake.auths) == 3 and len(fake.buckets) == 1 and len(fake.dbrps) == 1
+
+    # A changed retention period is applied to the existing bucket.
+    third = _run_influxdb_setup(fake, tmp_path, influxdb_retention_days=7)
+    _assert_ok(third)
+    assert ("PATCH", f"/api/v2/buckets/{bucket['id']}") in fake.calls
+    assert fake.buckets[0]["retentionRules"] == [{"type": "expire", "everySeconds": 7 * 86400}]
+    assert len(fake.buckets) == 1
+
+    # A token deleted in InfluxDB is created again and its file updated.
+    fake.auths.remove(read)
+    fourth = _run_influxdb_setup(fake, tmp_path, influxdb_retention_days=7)
+    _assert_ok(fourth)
+    new_read = next(a for a in fake.auths if a["description"] == "grafana: read telemetry")
+    assert new_read["token"] != read["token"]
+    assert (secrets_dir / "grafana-read.token").read_text() == new_read["token"]
+
+
+def test_influxdb_api_setup_fails_on_a_wrong_admin_token(fake_influxdb, tmp_path):
+    _assert_ok(_run_influxdb_setup(fake_influxdb, tmp_path))
+    fake_influxdb.admin_token = "a-different-operator-token"
+    result = _run_influxdb_setup(fake_influxdb, tmp_path)
+    assert result.returncode != 0
+    assert "Look up the organisation" in result.stdout
