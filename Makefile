@@ -28,10 +28,15 @@ bench:
 	$(PYTHON) bench/bench_loki_emit.py
 	$(PYTHON) bench/bench_flood.py
 
-# A short flood of the local stack started by `make up`, then every dashboard checked.
+# Flood the local stack with a simulated network and check every dashboard through
+# Grafana (docs/simulator.md). Needs `make up`. More flags: make simulate SIMULATE_ARGS="--duration 120"
 simulate:
-	@test -f compose/node.env || { echo "compose/node.env is missing: run 'make up' first."; exit 1; }
-	@set -a; . compose/node.env; set +a; $(PYTHON) -m simulator --duration 30
+	@test -f compose/node.env || { echo "compose/node.env is missing: run 'make up' first." >&2; exit 2; }
+	@set -a; . compose/node.env; set +a; \
+	  GRAFANA_URL="http://127.0.0.1:$$(grep -E '^GRAFANA_PORT=' compose/.env | cut -d= -f2- | grep . || echo 3000)" \
+	  GRAFANA_USER="$$(grep -E '^GRAFANA_ADMIN_USER=' compose/.env | cut -d= -f2- | grep . || echo admin)" \
+	  GRAFANA_PASSWORD="$$(grep -E '^GRAFANA_ADMIN_PASSWORD=' compose/.env | cut -d= -f2-)" \
+	  $(PYTHON) -m simulator --report simulate-report.json $(SIMULATE_ARGS)
 
 # The local stack (compose/): see docs/local-stack.md.
 STACK := bash compose/stack.sh

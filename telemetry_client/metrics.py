@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from telemetry_client import line_protocol as lp
+from telemetry_client.catalog import DROP_REASONS
 from telemetry_client.fields import DEFAULT_MAX_STRING_BYTES, FieldEncoder, list_stats
 from telemetry_client.gpu_metrics import GpuSampler
 from telemetry_client.self_log import warn
@@ -194,8 +195,8 @@ class InfluxSink:
                 k: float(stats[k])
                 for k in ("queued", "sent", "batches", "retries", "pending", "pending_bytes", "bytes_sent", "dropped")
             }
-            for reason, count in stats["dropped_by_reason"].items():
-                fields[f"dropped_{reason}"] = float(count)
+            for reason in DROP_REASONS:  # zeros too: a healthy node shows 0, not "no data"
+                fields[f"dropped_{reason}"] = float(stats["dropped_by_reason"].get(reason, 0))
             if "truncated" in stats:
                 fields["truncated"] = float(stats["truncated"])
             self.submit((SELF_METRICS_MEASUREMENT, {"sink": stats["sink"]}, fields, ts, False, False))

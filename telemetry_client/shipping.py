@@ -393,14 +393,15 @@ class Channel:
     # ---- flush, close, stats -----------------------------------------------------
 
     def pending(self) -> int:
-        """Records and items not yet delivered or dropped."""
+        """Records and items not yet delivered or dropped (exact only with the lock held)."""
         return len(self._intake) + len(self._partial.items) + self._backlog_items
 
     def flush(self, timeout: float = 5.0) -> int:
         """Send everything buffered, waiting at most `timeout` seconds; return what is left."""
         deadline = time.monotonic() + max(0.0, timeout)
-        if not self.pending():
-            return 0
+        with self._lock:  # the sender holds it while a record or batch is between two places
+            if not self.pending():
+                return 0
         self._engine.start()
         with self._lock:
             self._flush_requested = True
