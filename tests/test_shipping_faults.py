@@ -161,3 +161,23 @@ def test_backoff_is_full_jitter_under_the_cap():
     assert all(0.0 <= d <= 8.0 for d in delays)
     assert max(backoff_delay(1, 0.5, 8.0) for _ in range(200)) <= 0.5
     assert max(delays) > 4.0, "later attempts reach up to the cap"
+
+
+def test_close_while_a_batch_is_being_sealed_loses_nothing():
+    """close() must see a batch the sender is sealing at that moment (it once counted it as shutdown)."""
+    with fault_server() as server:
+        logger = _logger(server.url)
+        sink = logger._sink
+        real_build_body = sink.build_body
+
+        def slow_build_body(items):
+            time.sleep(0.5)  # the batch is now in neither the partial batch nor the backlog
+            return real_build_body(items)
+
+        sink.build_body = slow_build_body
+        for i in range(10):
+            logger.log("m", fields={"i": i})
+        time.sleep(0.25)  # the partial batch is sealed at 0.05 s: close lands mid-seal
+        assert logger.close(10) == 0
+        assert (logger.stats()["sent"], logger.stats()["dropped"]) == (10, 0)
+        assert sorted(_ids(server.lines)) == list(range(10))
