@@ -17,6 +17,7 @@ second write is refused. So every number is written as a float:
 from __future__ import annotations
 
 import math
+import operator
 import statistics
 from collections.abc import Callable, Mapping
 
@@ -144,7 +145,7 @@ class FieldEncoder:
         keys = tuple(fields)
         plan = self._plans.get(keys) or self._plan(keys)
         if plan.template is not None:
-            values = tuple(map(fields.__getitem__, plan.keys))
+            values = plan.values_of(fields)
             types = set(map(type, values))
             if types == _FLOAT or (types <= _NUMBER and _small_ints(values)):
                 total = sum(values)
@@ -171,7 +172,7 @@ def _small_ints(values: tuple) -> bool:
 class _Plan:
     """The sorted, escaped field keys of one key set, and a `%` template when all keys are valid."""
 
-    __slots__ = ("entries", "keys", "template")
+    __slots__ = ("entries", "keys", "template", "values_of")
 
     def __init__(self, keys: tuple) -> None:
         self.entries = sorted(
@@ -179,5 +180,7 @@ class _Plan:
             key=lambda entry: str(entry[0]),
         )
         self.keys = tuple(key for key, _ in self.entries)
+        getter = operator.itemgetter(*self.keys) if self.keys else (lambda fields: ())
+        self.values_of = getter if len(self.keys) != 1 else (lambda fields: (getter(fields),))
         valid = all(prefix is not None for _, prefix in self.entries)
         self.template = "".join(f"{prefix.replace('%', '%%')}%r," for _, prefix in self.entries) if valid else None

@@ -88,21 +88,18 @@ class InfluxSink:
         self.self_metrics_interval = self_metrics_interval
         self.watched: list[Channel] = []
         self.submit: Callable[[Record], None] = lambda record: None
-        self._series: dict[Any, str | None] = {}
+        self._series: dict[Any, str] = {}
         self._system: SystemSampler | None = None
         self._gpu: GpuSampler | None = None
         self._last_self_metrics = time.monotonic()
 
     # -- encoding (sender thread) --
 
-    def _series_for(self, measurement: str, tags: dict | None, drop: Callable[[str, int], None]) -> str | None:
-        key = (measurement, tuple(tags.items())) if tags else measurement
-        series = self._series.get(key, "")
-        if series != "":
-            return series
-        series = self._build_series(measurement, tags or {})
+    def _series_for(self, measurement: str, tags: dict | None) -> str:
+        """Build and cache the escaped `measurement,tags` prefix; "" when the point is invalid."""
+        series = self._build_series(measurement, tags or {}) or ""
         if len(self._series) < 10_000:
-            self._series[key] = series
+            self._series[(measurement, tuple(tags.items())) if tags else measurement] = series
         return series
 
     def _build_series(self, measurement: str, tags: Mapping[Any, Any]) -> str | None:
@@ -131,13 +128,18 @@ class InfluxSink:
 
     def encode(self, record: Record, emit: Callable[[Item], None], drop: Callable[[str, int], None]) -> None:
         measurement, tags, fields, timestamp, with_system, with_gpu = record
-        try:
-            ts = _timestamp_ns(timestamp)
-        except (TypeError, ValueError, OverflowError):
-            drop("invalid", 1)
-            warn.warning("timestamp", "dropped a point with an invalid timestamp %r", timestamp)
-            return
+        if type(timestamp) is int:
+            ts = timestamp
+        else:
+            try:
+                ts = _timestamp_ns(timestamp)
+            except (TypeError, ValueError, OverflowError):
+                drop("invalid", 1)
+                warn.warning("timestamp", "dropped a point with an invalid timestamp %r", timestamp)
+                return
         self._emit_point(measurement, tags, fields, ts, emit, drop)
+        if not (with_system or with_gpu):
+            return
         now = time.monotonic()
         if with_system:
             if self._system is None:
@@ -160,8 +162,10 @@ class InfluxSink:
         emit: Callable[[Item], None],
         drop: Callable[[str, int], None],
     ) -> None:
-        series = self._series_for(measurement, tags, drop)
+        series = self._series.get((measurement, tuple(tags.items())) if tags else measurement)
         if series is None:
+            series = self._series_for(measurement, tags)
+        if not series:
             drop("invalid", 1)
             return
         encoded_fields = self.fields.encode(fields, drop)
