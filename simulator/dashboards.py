@@ -29,12 +29,9 @@ ALL = "$__all"
 
 # Stream labels the Loki logging handler sets, and the keys of its JSON line body
 # (reached with `| json`). Everything else about a line is in the body.
-LOKI_STREAM_LABELS: frozenset[str] = frozenset(
-    {"service", "environment", "host", "level", "uid", "role", "version"}
-)
+LOKI_STREAM_LABELS: frozenset[str] = frozenset({"service", "environment", "host", "level", "uid", "role", "version"})
 LOKI_BODY_KEYS: frozenset[str] = frozenset(
-    {"message", "logger", "level", "pid", "thread", "window", "step", "peer", "trace_id",
-     "exception"}
+    {"message", "logger", "level", "pid", "thread", "window", "step", "peer", "trace_id", "exception"}
 )
 
 # A variable's chosen value: one value, several values, or None for "All".
@@ -110,14 +107,12 @@ def _target_text(target: Mapping[str, Any]) -> str:
     return str(target.get("query") or target.get("expr") or "")
 
 
-def panel_queries(dashboard: Dashboard,
-                  datasources: Mapping[str, str] | None = None) -> Iterator[Query]:
+def panel_queries(dashboard: Dashboard, datasources: Mapping[str, str] | None = None) -> Iterator[Query]:
     """Each target of each panel, with the data source it resolves to."""
     datasources = datasources or {}
     for panel in iter_panels(dashboard):
         for target in panel.get("targets", []):
-            ds_type, ds_uid = _datasource(target.get("datasource"), panel.get("datasource"),
-                                          datasources)
+            ds_type, ds_uid = _datasource(target.get("datasource"), panel.get("datasource"), datasources)
             yield Query(
                 dashboard_uid=dashboard["uid"],
                 dashboard_title=dashboard.get("title", ""),
@@ -145,8 +140,7 @@ def variable_query_text(variable: Mapping[str, Any]) -> str:
     return str(query or "")
 
 
-def variable_queries(dashboard: Dashboard,
-                     datasources: Mapping[str, str] | None = None) -> Iterator[Query]:
+def variable_queries(dashboard: Dashboard, datasources: Mapping[str, str] | None = None) -> Iterator[Query]:
     """The query of each template variable of type "query"."""
     datasources = datasources or {}
     for variable in dashboard.get("templating", {}).get("list", []):
@@ -166,8 +160,7 @@ def variable_queries(dashboard: Dashboard,
         )
 
 
-def iter_queries(dashboards: Iterable[Dashboard],
-                 datasources: Mapping[str, str] | None = None) -> Iterator[Query]:
+def iter_queries(dashboards: Iterable[Dashboard], datasources: Mapping[str, str] | None = None) -> Iterator[Query]:
     """Variable queries, then panel queries, of every dashboard."""
     for dashboard in dashboards:
         yield from variable_queries(dashboard, datasources)
@@ -216,13 +209,33 @@ class TimeRange:
 
 
 _NICE_INTERVALS_S = (
-    1, 2, 5, 10, 15, 20, 30, 60, 120, 300, 600, 900, 1200, 1800, 3600, 7200, 10800,
-    21600, 43200, 86400, 604800,
+    1,
+    2,
+    5,
+    10,
+    15,
+    20,
+    30,
+    60,
+    120,
+    300,
+    600,
+    900,
+    1200,
+    1800,
+    3600,
+    7200,
+    10800,
+    21600,
+    43200,
+    86400,
+    604800,
 )
 
 
-def auto_interval(time_range: TimeRange, max_data_points: int = 1000,
-                  min_interval: timedelta = timedelta(seconds=10)) -> timedelta:
+def auto_interval(
+    time_range: TimeRange, max_data_points: int = 1000, min_interval: timedelta = timedelta(seconds=10)
+) -> timedelta:
     """Grafana's $__interval, approximately: range / points, rounded up to a nice step.
 
     The lower bound is the InfluxDB data source's `timeInterval` (10s).
@@ -285,8 +298,9 @@ def _values(value: VariableValue) -> list[str] | None:
     return list(value)
 
 
-def _format(name: str, value: VariableValue, definition: Mapping[str, Any] | None,
-            regex: bool, escape: Any, raw: Any = None) -> str:
+def _format(
+    name: str, value: VariableValue, definition: Mapping[str, Any] | None, regex: bool, escape: Any, raw: Any = None
+) -> str:
     """Grafana's interpolation of one variable occurrence.
 
     `escape` formats a value inside a regex, `raw` a value inserted as is (inside a
@@ -317,9 +331,15 @@ def _format(name: str, value: VariableValue, definition: Mapping[str, Any] | Non
     return escaped[0] if len(escaped) == 1 else "(" + "|".join(escaped) + ")"
 
 
-def _substitute(text: str, builtins: Mapping[str, str], values: Mapping[str, VariableValue],
-                definitions: Mapping[str, Mapping[str, Any]], regex: bool, escape: Any,
-                raw: Any = None) -> str:
+def _substitute(
+    text: str,
+    builtins: Mapping[str, str],
+    values: Mapping[str, VariableValue],
+    definitions: Mapping[str, Mapping[str, Any]],
+    regex: bool,
+    escape: Any,
+    raw: Any = None,
+) -> str:
     def replace(match: re.Match[str]) -> str:
         name = match.group(1) or match.group(2) or match.group(3)
         if name in builtins:
@@ -346,10 +366,14 @@ def loki_regex_escape(value: str) -> str:
     return _LOKI_SPECIAL.sub(lambda m: "\\\\" + m.group(1), value)
 
 
-def expand_influxql(query: str, time_range: TimeRange,
-                    values: Mapping[str, VariableValue] | None = None, *,
-                    dashboard: Dashboard | None = None,
-                    interval: timedelta | None = None) -> str:
+def expand_influxql(
+    query: str,
+    time_range: TimeRange,
+    values: Mapping[str, VariableValue] | None = None,
+    *,
+    dashboard: Dashboard | None = None,
+    interval: timedelta | None = None,
+) -> str:
     """InfluxQL with $timeFilter, $__interval, $__range... and template variables filled in.
 
     `values` maps variable names to their chosen value (None or "$__all" for All);
@@ -362,14 +386,13 @@ def expand_influxql(query: str, time_range: TimeRange,
     pieces: list[str] = []
     last = 0
     for match in _INFLUX_REGEX.finditer(query):
-        pieces.append(_substitute(query[last:match.start()], builtins, values, definitions,
-                                  False, influx_regex_escape))
-        body = _substitute(match.group(3), builtins, values, definitions, True,
-                           influx_regex_escape)
+        pieces.append(
+            _substitute(query[last : match.start()], builtins, values, definitions, False, influx_regex_escape)
+        )
+        body = _substitute(match.group(3), builtins, values, definitions, True, influx_regex_escape)
         pieces.append(f"{match.group(1)}{match.group(2)}/{body}/")
         last = match.end()
-    pieces.append(_substitute(query[last:], builtins, values, definitions, False,
-                              influx_regex_escape))
+    pieces.append(_substitute(query[last:], builtins, values, definitions, False, influx_regex_escape))
     return "".join(pieces)
 
 
@@ -377,10 +400,14 @@ def _loki_string_escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def expand_logql(query: str, time_range: TimeRange,
-                 values: Mapping[str, VariableValue] | None = None, *,
-                 dashboard: Dashboard | None = None,
-                 interval: timedelta | None = None) -> str:
+def expand_logql(
+    query: str,
+    time_range: TimeRange,
+    values: Mapping[str, VariableValue] | None = None,
+    *,
+    dashboard: Dashboard | None = None,
+    interval: timedelta | None = None,
+) -> str:
     """LogQL with $__auto, $__interval, $__range... and template variables filled in.
 
     Inside a regex string (=~, !~, |~) several values become an escaped (a|b);
@@ -393,29 +420,29 @@ def expand_logql(query: str, time_range: TimeRange,
     pieces: list[str] = []
     last = 0
     for match in _LOKI_STRING.finditer(query):
-        pieces.append(_substitute(query[last:match.start()], builtins, values, definitions,
-                                  False, loki_regex_escape))
+        pieces.append(_substitute(query[last : match.start()], builtins, values, definitions, False, loki_regex_escape))
         operator = match.group(1) or ""
         regex = operator in ("=~", "!~", "|~")
-        body = _substitute(match.group(3), builtins, values, definitions, regex,
-                           loki_regex_escape, _loki_string_escape)
+        body = _substitute(match.group(3), builtins, values, definitions, regex, loki_regex_escape, _loki_string_escape)
         pieces.append(f'{operator}{match.group(2)}"{body}"')
         last = match.end()
-    pieces.append(_substitute(query[last:], builtins, values, definitions, False,
-                              loki_regex_escape))
+    pieces.append(_substitute(query[last:], builtins, values, definitions, False, loki_regex_escape))
     return "".join(pieces)
 
 
-def expand(query: Query, time_range: TimeRange,
-           values: Mapping[str, VariableValue] | None = None, *,
-           dashboard: Dashboard | None = None, interval: timedelta | None = None) -> str:
+def expand(
+    query: Query,
+    time_range: TimeRange,
+    values: Mapping[str, VariableValue] | None = None,
+    *,
+    dashboard: Dashboard | None = None,
+    interval: timedelta | None = None,
+) -> str:
     """Interpolate `query` in its own data source's language."""
     if query.datasource_type == "influxdb":
-        return expand_influxql(query.text, time_range, values, dashboard=dashboard,
-                               interval=interval)
+        return expand_influxql(query.text, time_range, values, dashboard=dashboard, interval=interval)
     if query.datasource_type == "loki":
-        return expand_logql(query.text, time_range, values, dashboard=dashboard,
-                            interval=interval)
+        return expand_logql(query.text, time_range, values, dashboard=dashboard, interval=interval)
     raise ValueError(f"{query.where}: no interpolation for data source {query.datasource_type!r}")
 
 
@@ -426,15 +453,36 @@ _SELECT_LIST = re.compile(r"\bSELECT\s+(.*?)\s+FROM\b", re.IGNORECASE | re.DOTAL
 _FROM = re.compile(r'\bFROM\s+(\(|"((?:[^"\\]|\\.)*)"|\S+)', re.IGNORECASE)
 _ALIAS = re.compile(r'\bAS\s+"((?:[^"\\]|\\.)*)"', re.IGNORECASE)
 _COMPARED = re.compile(r'"((?:[^"\\]|\\.)*)"\s*(?:=~|!~|!=|<>|=)')
-_GROUP_BY = re.compile(
-    r'\bGROUP\s+BY\s+((?:time\([^)]*\)|"(?:[^"\\]|\\.)*"|[\s,])+)', re.IGNORECASE
-)
+_GROUP_BY = re.compile(r'\bGROUP\s+BY\s+((?:time\([^)]*\)|"(?:[^"\\]|\\.)*"|[\s,])+)', re.IGNORECASE)
 _SHOW_KEY = re.compile(r'\bWITH\s+KEY\s*=\s*"((?:[^"\\]|\\.)*)"', re.IGNORECASE)
 _FUNCTIONS = frozenset(
-    {"mean", "median", "mode", "sum", "count", "min", "max", "first", "last", "spread",
-     "stddev", "percentile", "difference", "derivative", "non_negative_derivative",
-     "non_negative_difference", "moving_average", "cumulative_sum", "integral", "distinct",
-     "abs", "round", "floor", "ceil", "as"}
+    {
+        "mean",
+        "median",
+        "mode",
+        "sum",
+        "count",
+        "min",
+        "max",
+        "first",
+        "last",
+        "spread",
+        "stddev",
+        "percentile",
+        "difference",
+        "derivative",
+        "non_negative_derivative",
+        "non_negative_difference",
+        "moving_average",
+        "cumulative_sum",
+        "integral",
+        "distinct",
+        "abs",
+        "round",
+        "floor",
+        "ceil",
+        "as",
+    }
 )
 
 

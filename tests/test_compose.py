@@ -50,24 +50,37 @@ def versions() -> dict[str, str]:
 
 def clean_env(**extra: str) -> dict[str, str]:
     """The process environment without anything the stack reads, plus `extra`."""
-    names = {*SECRETS, *versions(), "BIND_ADDRESS", "COMPOSE_PROJECT_NAME", "INFLUXDB_PORT",
-             "LOKI_PORT", "GRAFANA_PORT", "INFLUXDB_BUCKET", "INFLUXDB_ORG"}
+    names = {
+        *SECRETS,
+        *versions(),
+        "BIND_ADDRESS",
+        "COMPOSE_PROJECT_NAME",
+        "INFLUXDB_PORT",
+        "LOKI_PORT",
+        "GRAFANA_PORT",
+        "INFLUXDB_BUCKET",
+        "INFLUXDB_ORG",
+    }
     env = {k: v for k, v in os.environ.items() if k not in names}
     env.update(versions())
     env.update(extra)
     return env
 
 
-def compose_config(tmp_path: Path, env_lines: dict[str, str] | None = None,
-                   **extra: str) -> subprocess.CompletedProcess[str]:
+def compose_config(
+    tmp_path: Path, env_lines: dict[str, str] | None = None, **extra: str
+) -> subprocess.CompletedProcess[str]:
     binary = require_binary("docker-compose")
     env_file = tmp_path / "test.env"
     values = SECRETS if env_lines is None else env_lines
     env_file.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
     return subprocess.run(
-        [binary, "-p", "telemetry-test", "-f", str(COMPOSE_FILE), "--env-file", str(env_file),
-         "config"],
-        capture_output=True, text=True, env=clean_env(**extra), timeout=120, check=False,
+        [binary, "-p", "telemetry-test", "-f", str(COMPOSE_FILE), "--env-file", str(env_file), "config"],
+        capture_output=True,
+        text=True,
+        env=clean_env(**extra),
+        timeout=120,
+        check=False,
     )
 
 
@@ -95,12 +108,13 @@ def mounts(service: dict[str, Any]) -> list[tuple[str, str]]:
 
 def test_versions_env_pins_current_majors_never_latest() -> None:
     pinned = versions()
-    assert set(pinned) == {"INFLUXDB_IMAGE", "LOKI_IMAGE", "GRAFANA_IMAGE"}
+    assert set(pinned) == {"INFLUXDB_IMAGE", "LOKI_IMAGE", "GRAFANA_IMAGE", "CADDY_IMAGE"}
     for image in pinned.values():
         assert not image.endswith(":latest") and re.search(r":\d+\.\d+\.\d+$", image), image
     assert pinned["INFLUXDB_IMAGE"].startswith("influxdb:2.")
     assert pinned["LOKI_IMAGE"].startswith("grafana/loki:3.")
     assert pinned["GRAFANA_IMAGE"].startswith("grafana/grafana:13.")
+    assert pinned["CADDY_IMAGE"].startswith("caddy:2.")  # the production reverse proxy (Ansible)
 
 
 # ---------------------------------------------------------------- compose file
@@ -129,8 +143,13 @@ def test_compose_refuses_to_start_without_versions(tmp_path: Path) -> None:
     env_file.write_text("".join(f"{k}={v}\n" for k, v in SECRETS.items()))
     env = {k: v for k, v in clean_env().items() if k not in versions()}
     result = subprocess.run(
-        [require_binary("docker-compose"), "-f", str(COMPOSE_FILE), "--env-file", str(env_file),
-         "config"], capture_output=True, text=True, env=env, timeout=120, check=False)
+        [require_binary("docker-compose"), "-f", str(COMPOSE_FILE), "--env-file", str(env_file), "config"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode != 0
     assert "_IMAGE" in result.stderr
 
@@ -155,8 +174,7 @@ def test_every_service_has_a_healthcheck_and_a_restart_policy(config: dict[str, 
 
 
 def test_loki_health_check_needs_no_shell(config: dict[str, Any]) -> None:
-    assert config["services"]["loki"]["healthcheck"]["test"] == [
-        "CMD", "/usr/bin/loki", "-health"]
+    assert config["services"]["loki"]["healthcheck"]["test"] == ["CMD", "/usr/bin/loki", "-health"]
 
 
 def test_grafana_waits_for_healthy_backends(config: dict[str, Any]) -> None:
@@ -165,8 +183,7 @@ def test_grafana_waits_for_healthy_backends(config: dict[str, Any]) -> None:
     assert depends["loki"]["condition"] == "service_healthy"
 
 
-def test_ports_bind_to_loopback_unless_configured(tmp_path: Path,
-                                                  config: dict[str, Any]) -> None:
+def test_ports_bind_to_loopback_unless_configured(tmp_path: Path, config: dict[str, Any]) -> None:
     def published(cfg: dict[str, Any]) -> list[str]:
         return [str(p) for s in cfg["services"].values() for p in s.get("ports", [])]
 
@@ -235,8 +252,7 @@ def test_influxdb_is_set_up_from_the_environment(config: dict[str, Any]) -> None
 def test_compose_file_holds_no_secret() -> None:
     """Every secret-bearing setting is a required ${VAR:?...} expansion."""
     raw = yaml.safe_load(COMPOSE_FILE.read_text())
-    secret_keys = ("DOCKER_INFLUXDB_INIT_PASSWORD", "DOCKER_INFLUXDB_INIT_ADMIN_TOKEN",
-                   "GF_SECURITY_ADMIN_PASSWORD")
+    secret_keys = ("DOCKER_INFLUXDB_INIT_PASSWORD", "DOCKER_INFLUXDB_INIT_ADMIN_TOKEN", "GF_SECURITY_ADMIN_PASSWORD")
     seen = 0
     for service in raw["services"].values():
         for key, value in (service.get("environment") or {}).items():
@@ -252,8 +268,7 @@ def test_compose_file_holds_no_secret() -> None:
 def test_loki_config_matches_the_stack_requirements() -> None:
     cfg = yaml.safe_load((COMPOSE / "loki" / "loki.yml").read_text())
     schema = cfg["schema_config"]["configs"][-1]
-    assert (schema["store"], schema["schema"], schema["object_store"]) == (
-        "tsdb", "v13", "filesystem")
+    assert (schema["store"], schema["schema"], schema["object_store"]) == ("tsdb", "v13", "filesystem")
     limits = cfg["limits_config"]
     assert limits["allow_structured_metadata"] is True
     assert cfg["compactor"]["retention_enabled"] is True
@@ -287,24 +302,25 @@ def test_grafana_entrypoint_exports_the_token_from_the_shared_file(tmp_path: Pat
     fake_run = tmp_path / "run.sh"
     fake_run.write_text('#!/bin/sh\necho "token=$INFLUXDB_READ_TOKEN"\n')
     fake_run.chmod(0o755)
-    env = {"PATH": os.environ["PATH"], "INFLUXDB_READ_TOKEN_FILE": str(token),
-           "GRAFANA_RUN": str(fake_run)}
-    result = subprocess.run(["sh", str(COMPOSE / "grafana" / "entrypoint.sh")], env=env,
-                            capture_output=True, text=True, check=False)
+    env = {"PATH": os.environ["PATH"], "INFLUXDB_READ_TOKEN_FILE": str(token), "GRAFANA_RUN": str(fake_run)}
+    result = subprocess.run(
+        ["sh", str(COMPOSE / "grafana" / "entrypoint.sh")], env=env, capture_output=True, text=True, check=False
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "token=read-only-token-value"
     token.unlink()
-    missing = subprocess.run(["sh", str(COMPOSE / "grafana" / "entrypoint.sh")], env=env,
-                             capture_output=True, text=True, check=False)
+    missing = subprocess.run(
+        ["sh", str(COMPOSE / "grafana" / "entrypoint.sh")], env=env, capture_output=True, text=True, check=False
+    )
     assert missing.returncode == 1
     assert "make clean VOLUMES=1" in missing.stderr
 
 
 def stack(*args: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    full = clean_env(STACK_ENV_FILE=str(tmp_path / "stack.env"),
-                     STACK_NODE_ENV_FILE=str(tmp_path / "node.env"), **env)
-    return subprocess.run(["bash", str(STACK), *args], capture_output=True, text=True,
-                          env=full, timeout=600, check=False)
+    full = clean_env(STACK_ENV_FILE=str(tmp_path / "stack.env"), STACK_NODE_ENV_FILE=str(tmp_path / "node.env"), **env)
+    return subprocess.run(
+        ["bash", str(STACK), *args], capture_output=True, text=True, env=full, timeout=600, check=False
+    )
 
 
 def test_make_up_without_an_engine_says_what_is_missing(tmp_path: Path) -> None:
@@ -332,8 +348,7 @@ def test_env_file_gets_random_private_secrets_once(tmp_path: Path) -> None:
     assert first.returncode == 0, first.stderr
     path = tmp_path / "stack.env"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    values = dict(line.split("=", 1) for line in path.read_text().splitlines()
-                  if line and not line.startswith("#"))
+    values = dict(line.split("=", 1) for line in path.read_text().splitlines() if line and not line.startswith("#"))
     for key in SECRETS:
         assert len(values[key]) >= 32 and values[key].isalnum(), key
     assert len({values[k] for k in SECRETS}) == len(SECRETS)
@@ -351,15 +366,13 @@ def test_env_file_gets_random_private_secrets_once(tmp_path: Path) -> None:
 
 def test_stack_refuses_a_floating_version(tmp_path: Path) -> None:
     floating = tmp_path / "versions.env"
-    floating.write_text((ROOT / "versions.env").read_text().replace(
-        versions()["LOKI_IMAGE"], "grafana/loki:latest"))
+    floating.write_text((ROOT / "versions.env").read_text().replace(versions()["LOKI_IMAGE"], "grafana/loki:latest"))
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
     docker = fake_bin / "docker"  # an engine that answers, so the version check runs
     docker.write_text("#!/bin/sh\nexit 0\n")
     docker.chmod(0o755)
-    result = stack("up", tmp_path=tmp_path, VERSIONS_FILE=str(floating),
-                   PATH=f"{fake_bin}:{os.environ['PATH']}")
+    result = stack("up", tmp_path=tmp_path, VERSIONS_FILE=str(floating), PATH=f"{fake_bin}:{os.environ['PATH']}")
     assert result.returncode != 0
     assert "LOKI_IMAGE must pin a version" in result.stderr
     assert not (tmp_path / "stack.env").exists()
@@ -373,8 +386,7 @@ def docker_engine() -> str | None:
     if not shutil.which("docker"):
         return "the docker CLI is not installed"
     try:
-        result = subprocess.run(["docker", "info"], capture_output=True, timeout=30,
-                                check=False)
+        result = subprocess.run(["docker", "info"], capture_output=True, timeout=30, check=False)
     except subprocess.TimeoutExpired:
         return "docker info timed out"
     return None if result.returncode == 0 else "no Docker engine is reachable (docker info failed)"
@@ -393,19 +405,34 @@ def http_status(url: str, headers: dict[str, str] | None = None) -> tuple[int, b
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(docker_engine() is not None, reason=str(docker_engine()))
 def test_make_up_brings_every_service_up_healthy(tmp_path: Path) -> None:
-    ports = {"INFLUXDB_PORT": free_port(), "LOKI_PORT": free_port(),
-             "GRAFANA_PORT": free_port()}
+    ports = {"INFLUXDB_PORT": free_port(), "LOKI_PORT": free_port(), "GRAFANA_PORT": free_port()}
     env_file = tmp_path / "stack.env"
-    env_file.write_text("".join(f"{k}={v}\n" for k, v in {
-        **{k: f"{v}-{os.getpid()}{int(time.time())}" for k, v in SECRETS.items()},
-        **ports, "BIND_ADDRESS": "127.0.0.1"}.items()))
+    env_file.write_text(
+        "".join(
+            f"{k}={v}\n"
+            for k, v in {
+                **{k: f"{v}-{os.getpid()}{int(time.time())}" for k, v in SECRETS.items()},
+                **ports,
+                "BIND_ADDRESS": "127.0.0.1",
+            }.items()
+        )
+    )
     env_file.chmod(0o600)
-    make_env = {"STACK_ENV_FILE": str(env_file), "STACK_NODE_ENV_FILE": str(tmp_path / "node"),
-                "COMPOSE_PROJECT_NAME": f"telemetry-test-{os.getpid()}"}
+    make_env = {
+        "STACK_ENV_FILE": str(env_file),
+        "STACK_NODE_ENV_FILE": str(tmp_path / "node"),
+        "COMPOSE_PROJECT_NAME": f"telemetry-test-{os.getpid()}",
+    }
     make = require_binary("make")
     try:
-        up = subprocess.run([make, "-C", str(ROOT), "up"], capture_output=True, text=True,
-                            env=clean_env(**make_env), timeout=600, check=False)
+        up = subprocess.run(
+            [make, "-C", str(ROOT), "up"],
+            capture_output=True,
+            text=True,
+            env=clean_env(**make_env),
+            timeout=600,
+            check=False,
+        )
         assert up.returncode == 0, up.stdout + up.stderr
         assert "The local stack is up." in up.stdout
         base = "http://127.0.0.1"
@@ -413,19 +440,26 @@ def test_make_up_brings_every_service_up_healthy(tmp_path: Path) -> None:
         assert http_status(f"{base}:{ports['LOKI_PORT']}/ready")[0] == 200
         status, body = http_status(f"{base}:{ports['GRAFANA_PORT']}/api/health")
         assert status == 200 and b'"database"' in body
-        password = next(line.split("=", 1)[1] for line in env_file.read_text().splitlines()
-                        if line.startswith("GRAFANA_ADMIN_PASSWORD="))
+        password = next(
+            line.split("=", 1)[1]
+            for line in env_file.read_text().splitlines()
+            if line.startswith("GRAFANA_ADMIN_PASSWORD=")
+        )
         auth = {"Authorization": "Basic " + b64encode(f"admin:{password}".encode()).decode()}
         for uid in ("influxdb", "loki"):
-            status, body = http_status(
-                f"{base}:{ports['GRAFANA_PORT']}/api/datasources/uid/{uid}/health", auth)
+            status, body = http_status(f"{base}:{ports['GRAFANA_PORT']}/api/datasources/uid/{uid}/health", auth)
             assert status == 200, (uid, body)
         assert http_status(f"{base}:{ports['GRAFANA_PORT']}/api/search")[0] == 401
         node_env = (tmp_path / "node").read_text()
         assert "INFLUXDB_TOKEN=" in node_env
     finally:
-        subprocess.run([make, "-C", str(ROOT), "clean", "VOLUMES=1"], capture_output=True,
-                       env=clean_env(**make_env), timeout=300, check=False)
+        subprocess.run(
+            [make, "-C", str(ROOT), "clean", "VOLUMES=1"],
+            capture_output=True,
+            env=clean_env(**make_env),
+            timeout=300,
+            check=False,
+        )
 
 
 FAKE_INFLUX = r"""#!/bin/bash
@@ -448,8 +482,7 @@ exit 3
 
 
 @pytest.mark.parametrize("mapping_exists", [False, True])
-def test_init_script_stores_a_write_and_a_read_token(tmp_path: Path,
-                                                     mapping_exists: bool) -> None:
+def test_init_script_stores_a_write_and_a_read_token(tmp_path: Path, mapping_exists: bool) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     influx = bin_dir / "influx"
@@ -467,8 +500,9 @@ def test_init_script_stores_a_write_and_a_read_token(tmp_path: Path,
         "DOCKER_INFLUXDB_INIT_BUCKET_ID": "bucket123",
         "DOCKER_INFLUXDB_INIT_BUCKET": "telemetry",
     }
-    result = subprocess.run(["bash", str(COMPOSE / "influxdb/init/10-tokens.sh")], env=env,
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        ["bash", str(COMPOSE / "influxdb/init/10-tokens.sh")], env=env, capture_output=True, text=True, check=False
+    )
     assert result.returncode == 0, result.stderr
     assert (tokens / "node-write.token").read_text() == "write-Tok_en=="
     assert (tokens / "grafana-read.token").read_text() == "read-Tok_en=="

@@ -36,18 +36,19 @@ def test_time_filter_is_grafanas_millisecond_range() -> None:
 
 def test_interval_and_range_macros() -> None:
     q = dash.expand_influxql(
-        "time($__interval) $__interval_ms $__range $__range_s $interval", RANGE,
+        "time($__interval) $__interval_ms $__range $__range_s $interval",
+        RANGE,
         interval=timedelta(minutes=2),
     )
     assert q == "time(2m) 120000 30m 1800 2m"
-    assert dash.expand_logql("[$__auto] [$__interval] [$__range]", RANGE,
-                             interval=timedelta(seconds=15)) == "[15s] [15s] [30m]"
+    assert (
+        dash.expand_logql("[$__auto] [$__interval] [$__range]", RANGE, interval=timedelta(seconds=15))
+        == "[15s] [15s] [30m]"
+    )
 
 
 def test_auto_interval_is_a_nice_step_not_below_the_minimum() -> None:
-    assert dash.auto_interval(dash.TimeRange.last(timedelta(minutes=5), NOW)) == timedelta(
-        seconds=10
-    )
+    assert dash.auto_interval(dash.TimeRange.last(timedelta(minutes=5), NOW)) == timedelta(seconds=10)
     day = dash.auto_interval(dash.TimeRange.last(timedelta(days=1), NOW))
     assert day == timedelta(minutes=2)  # 86.4 s rounded up to a step Grafana uses
     assert dash.format_duration(timedelta(hours=6)) == "6h"
@@ -59,8 +60,7 @@ def test_influxql_regex_forms_of_a_variable() -> None:
     template = '"uid" =~ /^$uid$/ AND "uid" =~ /^${uid}$/ AND "uid" =~ /^[[uid]]$/'
     one = dash.expand_influxql(template, RANGE, {"uid": "12"})
     assert one == '"uid" =~ /^12$/ AND "uid" =~ /^12$/ AND "uid" =~ /^12$/'
-    many = dash.expand_influxql('"version" =~ /^$version$/', RANGE,
-                                {"version": ["1.4.0", "2.0/rc"]})
+    many = dash.expand_influxql('"version" =~ /^$version$/', RANGE, {"version": ["1.4.0", "2.0/rc"]})
     assert many == r'"version" =~ /^(1\.4\.0|2\.0\/rc)$/'
     everything = dash.expand_influxql('"uid" =~ /^$uid$/', RANGE, {"uid": None})
     assert everything == '"uid" =~ /^.*$/'
@@ -81,22 +81,21 @@ def test_unknown_variable_is_an_error_not_left_in_the_query() -> None:
 
 def test_all_uses_the_dashboards_allvalue() -> None:
     logs = next(d for d in dash.load_dashboards() if d["uid"] == "telemetry-logs")
-    q = dash.expand_logql('{environment=~"$network", role=~"$role"}', RANGE,
-                          dash.all_selected(logs), dashboard=logs)
+    q = dash.expand_logql('{environment=~"$network", role=~"$role"}', RANGE, dash.all_selected(logs), dashboard=logs)
     # Loki refuses a selector whose every matcher matches the empty string.
     assert q == '{environment=~".+", role=~".*"}'
 
 
 def test_logql_multi_value_is_escaped_for_a_string_literal() -> None:
-    q = dash.expand_logql('{service=~"$service", version=~"$version"}', RANGE,
-                          {"service": ["miner", "validator"], "version": "1.4.0"})
+    q = dash.expand_logql(
+        '{service=~"$service", version=~"$version"}', RANGE, {"service": ["miner", "validator"], "version": "1.4.0"}
+    )
     assert q == '{service=~"(miner|validator)", version=~"1\\\\.4\\\\.0"}'
 
 
 def test_logql_textbox_keeps_the_string_valid() -> None:
     logs = next(d for d in dash.load_dashboards() if d["uid"] == "telemetry-logs")
-    q = dash.expand_logql('{service="x"} |~ "(?i)$search"', RANGE, {"search": 'say "hi"'},
-                          dashboard=logs)
+    q = dash.expand_logql('{service="x"} |~ "(?i)$search"', RANGE, {"search": 'say "hi"'}, dashboard=logs)
     assert q == '{service="x"} |~ "(?i)say \\"hi\\""'
 
 
@@ -123,8 +122,7 @@ def _extra_tag_sets(measurement: str) -> list[dict[str, str]]:
     if measurement == "evaluator_benchmark":
         return [{"task": "hellaswag"}, {"task": "arc_easy"}]
     if measurement == "gpu":
-        return [{"gpu_uuid": f"GPU-{i}", "gpu_index": str(i), "gpu_name": "NVIDIA_H100"}
-                for i in range(2)]
+        return [{"gpu_uuid": f"GPU-{i}", "gpu_index": str(i), "gpu_name": "NVIDIA_H100"} for i in range(2)]
     if measurement == "gpu_memory":
         return [{"gpu_uuid": f"GPU-{i}", "gpu_index": str(i)} for i in range(2)]
     if measurement == "telemetry_client":
@@ -134,10 +132,15 @@ def _extra_tag_sets(measurement: str) -> list[dict[str, str]]:
 
 def _field_value(name: str, step: int, rng: random.Random) -> float:
     """A realistic float for `name` at the `step`-th sample (counters only grow)."""
-    if name in ("queued", "sent", "batches", "bytes_sent", "retries", "dropped") or \
-            name.startswith("dropped_"):
-        per_step = {"queued": 50.0, "sent": 49.0, "batches": 1.0, "bytes_sent": 4096.0,
-                    "retries": 0.2, "dropped": 0.3}.get(name, 0.03)
+    if name in ("queued", "sent", "batches", "bytes_sent", "retries", "dropped") or name.startswith("dropped_"):
+        per_step = {
+            "queued": 50.0,
+            "sent": 49.0,
+            "batches": 1.0,
+            "bytes_sent": 4096.0,
+            "retries": 0.2,
+            "dropped": 0.3,
+        }.get(name, 0.03)
         return round(per_step * step + rng.random(), 3)
     table = {
         "loss": 3.2 - step * 0.004 + rng.uniform(-0.05, 0.05),
@@ -217,8 +220,16 @@ def write_with_metrics_logger(url: str, database: str, points: Iterator[CatalogP
         if logger is None:
             uid, role, network, version = node
             logger = loggers[node] = MetricsLogger(
-                url=url, database=database, api_version=1, uid=uid, role=role, network=network,
-                version=version, runtime_id=f"run-{uid}", group=network, job_type="training",
+                url=url,
+                database=database,
+                api_version=1,
+                uid=uid,
+                role=role,
+                network=network,
+                version=version,
+                runtime_id=f"run-{uid}",
+                group=network,
+                job_type="training",
                 self_metrics_interval=None,
             )
         logger.log(measurement, tags, fields, timestamp=seconds * 1_000_000_000)
@@ -262,8 +273,7 @@ def has_values(series: list[dict]) -> bool:
 DASHBOARDS = dash.load_dashboards()
 DATASOURCES = dash.load_datasources()
 BY_UID = {d["uid"]: d for d in DASHBOARDS}
-INFLUX_QUERIES = [q for q in dash.iter_queries(DASHBOARDS, DATASOURCES)
-                  if q.datasource_type == "influxdb"]
+INFLUX_QUERIES = [q for q in dash.iter_queries(DASHBOARDS, DATASOURCES) if q.datasource_type == "influxdb"]
 
 
 def test_every_catalog_measurement_is_written(telemetry_db: tuple[InfluxV1, str]) -> None:
@@ -273,38 +283,30 @@ def test_every_catalog_measurement_is_written(telemetry_db: tuple[InfluxV1, str]
 
 
 @pytest.mark.parametrize("query", INFLUX_QUERIES, ids=lambda q: q.where)
-def test_query_returns_data_with_all_selected(telemetry_db: tuple[InfluxV1, str],
-                                        query: dash.Query) -> None:
+def test_query_returns_data_with_all_selected(telemetry_db: tuple[InfluxV1, str], query: dash.Query) -> None:
     server, database = telemetry_db
     dashboard = BY_UID[query.dashboard_uid]
-    text = dash.expand(query, RANGE, dash.all_selected(dashboard), dashboard=dashboard,
-                       interval=INTERVAL)
+    text = dash.expand(query, RANGE, dash.all_selected(dashboard), dashboard=dashboard, interval=INTERVAL)
     series = run(server, database, text)
     assert has_values(series), f"no data for {query.where}:\n{text}"
 
 
-@pytest.mark.parametrize("query", [q for q in INFLUX_QUERIES if "$network" in q.text],
-                         ids=lambda q: q.where)
-def test_query_follows_the_network_variable(telemetry_db: tuple[InfluxV1, str],
-                                        query: dash.Query) -> None:
+@pytest.mark.parametrize("query", [q for q in INFLUX_QUERIES if "$network" in q.text], ids=lambda q: q.where)
+def test_query_follows_the_network_variable(telemetry_db: tuple[InfluxV1, str], query: dash.Query) -> None:
     """Choosing a network narrows the data; a network without nodes empties it."""
     server, database = telemetry_db
     dashboard = BY_UID[query.dashboard_uid]
     chosen = dash.all_selected(dashboard) | {"network": ["finney"]}
-    series = run(server, database, dash.expand(query, RANGE, chosen, dashboard=dashboard,
-                                               interval=INTERVAL))
+    series = run(server, database, dash.expand(query, RANGE, chosen, dashboard=dashboard, interval=INTERVAL))
     assert has_values(series), f"no data for network finney: {query.where}"
     nobody = dash.all_selected(dashboard) | {"network": ["nowhere"]}
-    empty = run(server, database, dash.expand(query, RANGE, nobody, dashboard=dashboard,
-                                              interval=INTERVAL))
+    empty = run(server, database, dash.expand(query, RANGE, nobody, dashboard=dashboard, interval=INTERVAL))
     assert not has_values(empty), f"{query.where} ignores $network"
 
 
-def _variable_values(server: InfluxV1, database: str, dashboard: dict, name: str,
-                     chosen: dict) -> set[str]:
+def _variable_values(server: InfluxV1, database: str, dashboard: dict, name: str, chosen: dict) -> set[str]:
     query = next(q for q in dash.variable_queries(dashboard, DATASOURCES) if q.name == name)
-    series = run(server, database, dash.expand(query, RANGE, chosen, dashboard=dashboard,
-                                               interval=INTERVAL))
+    series = run(server, database, dash.expand(query, RANGE, chosen, dashboard=dashboard, interval=INTERVAL))
     return {row[1] for one in series for row in one["values"]}
 
 
@@ -312,8 +314,7 @@ def test_variables_chain_network_role_uid(telemetry_db: tuple[InfluxV1, str]) ->
     server, database = telemetry_db
     dashboard = BY_UID["telemetry-network"]
     everything = dash.all_selected(dashboard)
-    assert _variable_values(server, database, dashboard, "network", everything) == {
-        "finney", "testnet"}
+    assert _variable_values(server, database, dashboard, "network", everything) == {"finney", "testnet"}
     testnet = everything | {"network": "testnet"}
     assert _variable_values(server, database, dashboard, "role", testnet) == {"miner"}
     validators = everything | {"network": "finney", "role": "validator"}
@@ -331,11 +332,11 @@ def test_counter_rates_are_per_second_and_survive_the_sum(telemetry_db: tuple[In
     """The sent-rate panel adds up per-process rates: 49 per 10 s per process."""
     server, database = telemetry_db
     dashboard = BY_UID["telemetry-health"]
-    query = next(q for q in dash.panel_queries(dashboard, DATASOURCES)
-                 if q.name == "Records sent per second")
+    query = next(q for q in dash.panel_queries(dashboard, DATASOURCES) if q.name == "Records sent per second")
     chosen = dash.all_selected(dashboard) | {"sink": "influxdb"}
-    series = run(server, database, dash.expand(query, RANGE, chosen, dashboard=dashboard,
-                                               interval=timedelta(minutes=1)))
+    series = run(
+        server, database, dash.expand(query, RANGE, chosen, dashboard=dashboard, interval=timedelta(minutes=1))
+    )
     values = [row[1] for one in series for row in one["values"][1:-1] if row[1] is not None]
     assert values, series
     processes = len(NODES)

@@ -31,8 +31,7 @@ ALL_TAGS = set(STANDARD_TAGS).union(*(m.tag_names for m in CATALOG.values()))
 
 
 def _builder() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("build_dashboards",
-                                                  GRAFANA / "build_dashboards.py")
+    spec = importlib.util.spec_from_file_location("build_dashboards", GRAFANA / "build_dashboards.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -75,8 +74,7 @@ def test_no_secret_in_provisioning() -> None:
 
 
 def test_dashboard_provider_path_is_where_compose_mounts_the_dashboards() -> None:
-    provider = yaml.safe_load(
-        (GRAFANA / "provisioning/dashboards/dashboards.yml").read_text())["providers"][0]
+    provider = yaml.safe_load((GRAFANA / "provisioning/dashboards/dashboards.yml").read_text())["providers"][0]
     assert provider["type"] == "file"
     assert provider["folder"]
     compose = yaml.safe_load((ROOT / "compose/docker-compose.yml").read_text())
@@ -90,14 +88,19 @@ def test_dashboard_provider_path_is_where_compose_mounts_the_dashboards() -> Non
 
 def test_dashboards_are_the_six_expected_ones() -> None:
     titles = {d["title"] for d in DASHBOARDS}
-    assert titles == {"Training (miners)", "Validators", "Network and performance",
-                      "System and GPU", "Logs", "Telemetry health"}
+    assert titles == {
+        "Training (miners)",
+        "Validators",
+        "Network and performance",
+        "System and GPU",
+        "Logs",
+        "Telemetry health",
+    }
 
 
 def test_committed_json_is_what_the_builder_generates() -> None:
     rendered = _builder().render()
-    on_disk = {p.name: p.read_text(encoding="utf-8")
-               for p in (GRAFANA / "dashboards").glob("*.json")}
+    on_disk = {p.name: p.read_text(encoding="utf-8") for p in (GRAFANA / "dashboards").glob("*.json")}
     assert set(on_disk) == set(rendered), "run python grafana/build_dashboards.py"
     for name, text in rendered.items():
         assert on_disk[name] == text, f"{name} is stale: run python grafana/build_dashboards.py"
@@ -212,17 +215,13 @@ def test_influxql_names_only_catalog_measurements_fields_and_tags(query: dash.Qu
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ('SELECT mean("loss") FROM "training_steps" WHERE $timeFilter',
-         "unknown measurement 'training_steps'"),
+        ('SELECT mean("loss") FROM "training_steps" WHERE $timeFilter', "unknown measurement 'training_steps'"),
         ('SELECT mean("los") FROM "training_step" WHERE $timeFilter', "unknown field 'los'"),
-        ('SELECT mean("loss") FROM "training_step" WHERE "host" =~ /^x$/',
-         "unknown tag 'host'"),
-        ('SELECT mean("loss") FROM "training_step" GROUP BY time(1m), "eval_uid"',
-         "unknown tag 'eval_uid'"),
+        ('SELECT mean("loss") FROM "training_step" WHERE "host" =~ /^x$/', "unknown tag 'host'"),
+        ('SELECT mean("loss") FROM "training_step" GROUP BY time(1m), "eval_uid"', "unknown tag 'eval_uid'"),
         ('SHOW TAG VALUES FROM "gpu" WITH KEY = "sink"', "unknown tag 'sink'"),
         ("SELECT mean(loss) FROM training_step", "unquoted"),
-        ('SELECT "score" FROM (SELECT mean("nope") AS "score" FROM "validator_scores")',
-         "unknown field 'nope'"),
+        ('SELECT "score" FROM (SELECT mean("nope") AS "score" FROM "validator_scores")', "unknown field 'nope'"),
     ],
 )
 def test_the_catalog_check_catches_mistakes(text: str, expected: str) -> None:
@@ -230,24 +229,34 @@ def test_the_catalog_check_catches_mistakes(text: str, expected: str) -> None:
 
 
 def test_the_catalog_check_accepts_aliases_of_a_subquery() -> None:
-    text = ('SELECT sum("tps") AS "tps" FROM (SELECT mean("tokens_per_sec") AS "tps" '
-            'FROM "training_step" GROUP BY time(1m), "uid") GROUP BY time(1m)')
+    text = (
+        'SELECT sum("tps") AS "tps" FROM (SELECT mean("tokens_per_sec") AS "tps" '
+        'FROM "training_step" GROUP BY time(1m), "uid") GROUP BY time(1m)'
+    )
     assert check_influxql(text) == []
 
 
 def test_dashboards_cover_what_operators_asked_for() -> None:
     """The fields each dashboard must chart, per the issue."""
     wanted = {
-        "telemetry-training": {"loss", "learning_rate", "grad_norm_mean", "grad_norm_max",
-                               "tokens_per_sec"},
-        "telemetry-validators": {"loss_before", "loss_after", "improvement", "score",
-                                 "weight"},
-        "telemetry-network": {"active_peers", "is_synced", "sync_lag_windows",
-                              "gather_success_rate", "compression_ratio", "tokens_per_sec"},
-        "telemetry-system": {"cpu_percent", "memory_percent", "allocated_bytes",
-                             "reserved_bytes", "utilization_percent"},
-        "telemetry-health": {"queued", "sent", "retries", "pending",
-                             *(f"dropped_{reason}" for reason in DROP_REASONS)},
+        "telemetry-training": {"loss", "learning_rate", "grad_norm_mean", "grad_norm_max", "tokens_per_sec"},
+        "telemetry-validators": {"loss_before", "loss_after", "improvement", "score", "weight"},
+        "telemetry-network": {
+            "active_peers",
+            "is_synced",
+            "sync_lag_windows",
+            "gather_success_rate",
+            "compression_ratio",
+            "tokens_per_sec",
+        },
+        "telemetry-system": {
+            "cpu_percent",
+            "memory_percent",
+            "allocated_bytes",
+            "reserved_bytes",
+            "utilization_percent",
+        },
+        "telemetry-health": {"queued", "sent", "retries", "pending", *(f"dropped_{reason}" for reason in DROP_REASONS)},
     }
     for uid, fields in wanted.items():
         named: set[str] = set()
@@ -277,8 +286,7 @@ def test_logql_check_catches_an_unknown_label_and_a_body_field_without_json() ->
     assert not refs.parses_json and "logger" not in dash.LOKI_STREAM_LABELS
 
 
-@pytest.mark.parametrize("query", [q for q in LOKI_QUERIES if q.source == "panel"],
-                         ids=lambda q: q.where)
+@pytest.mark.parametrize("query", [q for q in LOKI_QUERIES if q.source == "panel"], ids=lambda q: q.where)
 def test_logql_selectors_stay_valid_with_everything_selected(query: dash.Query) -> None:
     """Loki rejects a selector whose every matcher matches the empty string."""
     dashboard = next(d for d in DASHBOARDS if d["uid"] == query.dashboard_uid)
@@ -287,6 +295,7 @@ def test_logql_selectors_stay_valid_with_everything_selected(query: dash.Query) 
     for selector in re.findall(r"\{([^{}]*)\}", text):
         matchers = re.findall(r'(\w+)\s*(=~|=)\s*"((?:[^"\\]|\\.)*)"', selector)
         assert matchers, selector
-        non_empty = [value for _, op, value in matchers
-                     if (op == "=" and value) or (op == "=~" and not re.fullmatch(value, ""))]
+        non_empty = [
+            value for _, op, value in matchers if (op == "=" and value) or (op == "=~" and not re.fullmatch(value, ""))
+        ]
         assert non_empty, f"{query.where}: every matcher accepts empty: {selector}"

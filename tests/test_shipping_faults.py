@@ -18,8 +18,15 @@ FAST = dict(flush_interval=0.05, retry_base=0.02, retry_cap=0.1)
 
 def _logger(url: str, **buffer: object) -> MetricsLogger:
     settings = BufferSettings(**{**FAST, **buffer})
-    return MetricsLogger(url=url, api_version=1, database="d", buffer=settings, self_metrics_interval=None,
-                         read_timeout=0.5, connect_timeout=0.5)
+    return MetricsLogger(
+        url=url,
+        api_version=1,
+        database="d",
+        buffer=settings,
+        self_metrics_interval=None,
+        read_timeout=0.5,
+        connect_timeout=0.5,
+    )
 
 
 def _ids(lines: list[bytes]) -> list[int]:

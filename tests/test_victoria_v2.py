@@ -10,8 +10,14 @@ from telemetry_client.shipping import BufferSettings
 
 def test_v2_write_path_delivers(victoria_server):
     logger = MetricsLogger(
-        url=victoria_server.url, token="test-token-not-secret", org="o", database="b", uid=3, role="validator",
-        buffer=BufferSettings(flush_interval=0.05), self_metrics_interval=None,
+        url=victoria_server.url,
+        token="test-token-not-secret",
+        org="o",
+        database="b",
+        uid=3,
+        role="validator",
+        buffer=BufferSettings(flush_interval=0.05),
+        self_metrics_interval=None,
     )
     now = time.time_ns()
     for step in range(50):
