@@ -75,41 +75,34 @@ def normalize_fields(
             items = value.tolist() if hasattr(value, "tolist") else value  # type: ignore[union-attr]
             _add_list(out, key, items, drop)  # type: ignore[arg-type]
             continue
-        try:
-            number = _as_number(value)
-        except OverflowError:
-            drop("too_large", 1)
-            continue
-        except (TypeError, ValueError):
-            number = None
-        if number is None:
-            drop("unsupported_type", 1)
-            warn.once(
-                f"type:{type(value).__name__}", "dropped field %r of unsupported type %s", key, type(value).__name__
-            )
-        elif math.isfinite(number):
+        number = _finite_number(value, drop)
+        if number is not None:
             out[key] = number  # type: ignore[index]
-        else:
-            drop("non_finite", 1)
     return out
 
 
+def _finite_number(value: object, drop: Drop) -> float | None:
+    """`value` as a finite float, or None after counting why it is not one."""
+    try:
+        number = _as_number(value)
+    except OverflowError:
+        drop("too_large", 1)
+        return None
+    except (TypeError, ValueError):
+        number = None
+    if number is None:
+        drop("unsupported_type", 1)
+        name = type(value).__name__
+        warn.once(f"type:{name}", "dropped field values of unsupported type %s (see the typing rule)", name)
+        return None
+    if not math.isfinite(number):
+        drop("non_finite", 1)
+        return None
+    return number
+
+
 def _add_list(out: dict[str, float | str], key: str, items: list[object], drop: Drop) -> None:
-    numbers = []
-    for item in items:
-        try:
-            number = _as_number(item)
-        except OverflowError:
-            drop("too_large", 1)
-            continue
-        except (TypeError, ValueError):
-            number = None
-        if number is None:
-            drop("unsupported_type", 1)
-        elif math.isfinite(number):
-            numbers.append(number)
-        else:
-            drop("non_finite", 1)
+    numbers = [number for number in (_finite_number(item, drop) for item in items) if number is not None]
     if not numbers:
         if not items:
             drop("invalid", 1)  # an empty list has no statistics
