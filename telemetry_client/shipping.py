@@ -233,11 +233,11 @@ class Channel:
         self._backlog_bytes -= batch.memory
         return batch
 
-    def _encode_intake(self) -> None:
-        """Encode up to two batches' worth of records, so that sending keeps pace with encoding."""
+    def _encode_intake(self, batches: int = 2) -> None:
+        """Encode up to `batches` batches' worth of records, so that sending keeps pace with encoding."""
         intake = self._intake
         encode, emit, drop = self.sink.encode, self._emit, self._drop
-        for _ in range(2 * self.settings.batch_items):
+        for _ in range(batches * self.settings.batch_items):
             if not intake:
                 break
             try:
@@ -315,7 +315,7 @@ class Channel:
         try:
             pending = transport.start(body, timeout_cap=cap)
             with self._lock:
-                self._encode_intake()  # while the server works on this batch
+                self._encode_intake(batches=1)  # while the server works on this batch
             response = pending.finish()
         except TransportError as exc:
             error = str(exc)
