@@ -151,6 +151,7 @@ class Channel:
         self._rng = jitter_rng()
         self._intake_drops = Counter()
         self._sampled_out = Counter()
+        self._after_close_drops = Counter()
         self.drained = 0
         self.sent = 0
         self.batches = 0
@@ -166,6 +167,9 @@ class Channel:
 
     def submit(self, record: Any) -> None:
         """Queue one record for the sender thread."""
+        if self._closed:
+            self._after_close_drops.add()
+            return
         intake = self._intake
         if len(intake) >= self.settings.max_items:
             with contextlib.suppress(IndexError):
@@ -456,6 +460,9 @@ class Channel:
             sampled = self._sampled_out.value
             if sampled:
                 dropped["sampled_out"] = sampled
+            after_close = self._after_close_drops.value
+            if after_close:
+                dropped["shutdown"] = dropped.get("shutdown", 0) + after_close
             intake = len(self._intake)
             stats = {
                 "sink": self.sink.name,

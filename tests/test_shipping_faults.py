@@ -143,7 +143,9 @@ def test_close_with_the_server_down_returns_and_counts_what_is_left():
     left = logger.close(timeout=1.0)
     assert left == 100
     assert logger.stats()["dropped_by_reason"]["shutdown"] == 100
-    logger.log("m", fields={"i": 1})  # after close: ignored, never raises
+    logger.log("m", fields={"i": 1})  # after close: counted, never raises, never buffered
+    assert logger.stats()["dropped_by_reason"]["shutdown"] == 101
+    assert logger.stats()["pending"] == 0
 
 
 def test_close_against_a_hanging_server_returns():
