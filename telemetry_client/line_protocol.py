@@ -74,13 +74,3 @@ def series_key(measurement: str, tags: dict[str, str]) -> str:
         if value:
             parts.append(f"{escape_key(key)}={escape_key(value)}")
     return ",".join(parts)
-
-
-def encode_fields(fields: dict[str, float | str]) -> str:
-    """`key=value,...` sorted by key."""
-    return ",".join(f"{escape_key(k)}={format_field(fields[k])}" for k in sorted(fields))
-
-
-def encode_line(measurement: str, tags: dict[str, str], fields: dict[str, float | str], timestamp_ns: int) -> str:
-    """One full line (without the newline) for already validated input."""
-    return f"{series_key(measurement, tags)} {encode_fields(fields)} {timestamp_ns}"

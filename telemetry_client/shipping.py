@@ -23,7 +23,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -597,16 +597,6 @@ def _at_exit() -> None:
 def _after_fork_in_child() -> None:
     if _engine is not None:
         _engine.after_fork_in_child()
-
-
-def total_stats(channels: Iterable[Channel]) -> dict[str, int]:
-    """Sum the numeric counters of several channels (e.g. a whole simulated fleet)."""
-    totals: dict[str, int] = {}
-    for channel in channels:
-        for key, value in channel.stats().items():
-            if isinstance(value, int):
-                totals[key] = totals.get(key, 0) + value
-    return totals
 
 
 def jitter_rng() -> random.Random:

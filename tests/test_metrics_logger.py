@@ -239,3 +239,9 @@ def test_system_sampler_uses_the_cgroup_limit_when_lower(tmp_path: Path):
     sample = SystemSampler(cgroup_root=tmp_path).sample()
     assert sample["memory_total_bytes"] == 1_048_576
     assert sample["memory_percent"] == 50.0
+
+
+def test_process_value_is_the_seeds_list_treatment():
+    assert MetricsLogger.process_value([1, 2, 3, 10]) == {"mean": 4.0, "min": 1.0, "max": 10.0, "median": 2.5}
+    assert MetricsLogger.process_value(0.5) == 0.5
+    assert MetricsLogger.process_value([]) == []
