@@ -574,7 +574,7 @@ def test_influxdb_api_setup_is_idempotent_and_applies_retention(fake_influxdb, t
 
 def test_influxdb_api_setup_fails_on_a_wrong_admin_token(fake_influxdb, tmp_path):
     _assert_ok(_run_influxdb_setup(fake_influxdb, tmp_path))
-    fake_influxdb.admin_token = "a-different-operator-token"
+    fake_influxdb.admin_token = "wrong-operator-token"
     result = _run_influxdb_setup(fake_influxdb, tmp_path)
     assert result.returncode != 0
     assert "Look up the organisation" in result.stdout
