@@ -398,27 +398,12 @@ def make_node(spec: NodeSpec, run: RunIdentity, plan: Plan, targets: Targets) ->
         deadline = time.monotonic() + timeout
         for owner in (logger, metrics):  # logs first: their counters also go out as metrics
             if owner is not None:
-                drain(owner, deadline)
                 owner.close(max(0.1, deadline - time.monotonic()))
 
     def stats() -> tuple[dict, dict]:
         return metrics.stats(), logger.stats() if logger is not None else {}
 
     return SimNode(spec, run, plan, metrics, logger, close, stats)
-
-
-def drain(owner: Any, deadline: float) -> None:
-    """Flush until the counters, read under the channel's lock, say nothing is pending.
-
-    A single flush() can return while the sender thread is sealing a batch (the
-    batch is briefly in neither the partial batch nor the backlog), and close()
-    would then count it as dropped at shutdown; re-checking the locked counters
-    closes that window.
-    """
-    while time.monotonic() < deadline:
-        owner.flush(max(0.1, deadline - time.monotonic()))
-        if not owner.stats().get("pending"):
-            return
 
 
 def make_loki_logger(spec: NodeSpec, run: RunIdentity, targets: Targets, metrics: Any) -> Any:
