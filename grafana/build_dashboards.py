@@ -47,10 +47,7 @@ DROP_REASONS: tuple[str, ...] = tuple(_catalog().DROP_REASONS)
 
 # The filter every InfluxQL panel applies: one regex per template variable, so the
 # same query works for one value, several values and "All" (allValue ".*").
-NODE_FILTER = (
-    '"network" =~ /^$network$/ AND "role" =~ /^$role$/ '
-    'AND "uid" =~ /^$uid$/ AND "version" =~ /^$version$/'
-)
+NODE_FILTER = '"network" =~ /^$network$/ AND "role" =~ /^$role$/ AND "uid" =~ /^$uid$/ AND "version" =~ /^$version$/'
 
 Json = dict[str, Any]
 
@@ -58,8 +55,9 @@ Json = dict[str, Any]
 # ---------------------------------------------------------------- variables
 
 
-def _query_variable(name: str, label: str, datasource: dict[str, str], query: Any,
-                    definition: str, all_value: str) -> Json:
+def _query_variable(
+    name: str, label: str, datasource: dict[str, str], query: Any, definition: str, all_value: str
+) -> Json:
     return {
         "name": name,
         "label": label,
@@ -79,8 +77,7 @@ def _query_variable(name: str, label: str, datasource: dict[str, str], query: An
     }
 
 
-def influx_variable(name: str, label: str, key: str, source: str | None,
-                    depends_on: Sequence[str] = ()) -> Json:
+def influx_variable(name: str, label: str, key: str, source: str | None, depends_on: Sequence[str] = ()) -> Json:
     """A SHOW TAG VALUES variable, narrowed by the variables chosen before it."""
     from_clause = f' FROM "{source}"' if source else ""
     where = " AND ".join(f'"{dep}" =~ /^${dep}$/' for dep in depends_on)
@@ -100,8 +97,7 @@ def node_variables(source: str | None) -> list[Json]:
     ]
 
 
-def loki_variable(name: str, label: str, stream_label: str, stream: str,
-                  all_value: str = ".*") -> Json:
+def loki_variable(name: str, label: str, stream_label: str, stream: str, all_value: str = ".*") -> Json:
     """A label_values() variable of the Loki data source."""
     query = {
         "qryType": 1,
@@ -109,9 +105,7 @@ def loki_variable(name: str, label: str, stream_label: str, stream: str,
         "stream": stream,
         "refId": "LokiVariableQueryEditor-VariableQuery",
     }
-    definition = (
-        f"label_values({stream}, {stream_label})" if stream else f"label_values({stream_label})"
-    )
+    definition = f"label_values({stream}, {stream_label})" if stream else f"label_values({stream_label})"
     return _query_variable(name, label, LOKI, query, definition, all_value)
 
 
@@ -130,8 +124,9 @@ def textbox_variable(name: str, label: str) -> Json:
 # ---------------------------------------------------------------- queries
 
 
-def influx_select(fields: str, measurement: str, *, by: Sequence[str] = ("uid",),
-                  extra_where: str = "", per_interval: bool = True) -> str:
+def influx_select(
+    fields: str, measurement: str, *, by: Sequence[str] = ("uid",), extra_where: str = "", per_interval: bool = True
+) -> str:
     """One InfluxQL SELECT over a catalog measurement with the standard filters."""
     where = f"$timeFilter AND {NODE_FILTER}"
     if extra_where:
@@ -146,9 +141,15 @@ def influx_select(fields: str, measurement: str, *, by: Sequence[str] = ("uid",)
     return query
 
 
-def influx_sum_over_nodes(inner_fields: str, outer_fields: str, measurement: str, *,
-                          inner_by: Sequence[str], outer_by: Sequence[str] = (),
-                          extra_where: str = "") -> str:
+def influx_sum_over_nodes(
+    inner_fields: str,
+    outer_fields: str,
+    measurement: str,
+    *,
+    inner_by: Sequence[str],
+    outer_by: Sequence[str] = (),
+    extra_where: str = "",
+) -> str:
     """Aggregate per node (or per process) first, then add the nodes up."""
     inner = influx_select(inner_fields, measurement, by=inner_by, extra_where=extra_where)
     group = ", ".join(["time($__interval)", *(f'"{tag}"' for tag in outer_by)])
@@ -162,10 +163,7 @@ def counter_rates(fields: dict[str, str]) -> str:
     (uid, runtime_id, sink) with non_negative_derivative, which also ignores the
     reset to zero when a node restarts, and only then added up per sink.
     """
-    inner = ", ".join(
-        f'non_negative_derivative(last("{field}"), 1s) AS "{alias}"'
-        for alias, field in fields.items()
-    )
+    inner = ", ".join(f'non_negative_derivative(last("{field}"), 1s) AS "{alias}"' for alias, field in fields.items())
     outer = ", ".join(f'sum("{alias}") AS "{alias}"' for alias in fields)
     return influx_sum_over_nodes(
         inner,
@@ -252,9 +250,20 @@ class Layout:
             self.y += 8
         self._place({"type": "row", "title": title, "collapsed": False, "panels": []}, 24, 1)
 
-    def add(self, kind: str, title: str, description: str, datasource: dict[str, str],
-            targets: Iterable[Json], *, unit: str = "short", width: int = 12,
-            height: int = 8, options: Json | None = None, decimals: int | None = None) -> None:
+    def add(
+        self,
+        kind: str,
+        title: str,
+        description: str,
+        datasource: dict[str, str],
+        targets: Iterable[Json],
+        *,
+        unit: str = "short",
+        width: int = 12,
+        height: int = 8,
+        options: Json | None = None,
+        decimals: int | None = None,
+    ) -> None:
         defaults: Json = {"unit": unit}
         if decimals is not None:
             defaults["decimals"] = decimals
@@ -275,8 +284,7 @@ class Layout:
             }
         self._place(panel, width, height)
 
-    def timeseries(self, title: str, description: str, *targets: Json, unit: str = "short",
-                   width: int = 12) -> None:
+    def timeseries(self, title: str, description: str, *targets: Json, unit: str = "short", width: int = 12) -> None:
         datasource = targets[0]["datasource"]
         self.add("timeseries", title, description, datasource, targets, unit=unit, width=width)
 
@@ -292,12 +300,12 @@ class Layout:
             "prettifyLogMessage": False,
             "dedupStrategy": "none",
         }
-        self.add("logs", title, description, LOKI, [target], width=24, height=height,
-                 options=options)
+        self.add("logs", title, description, LOKI, [target], width=24, height=height, options=options)
 
 
-def dashboard(uid: str, title: str, description: str, tags: Sequence[str],
-              variables: list[Json], layout: Layout) -> Json:
+def dashboard(
+    uid: str, title: str, description: str, tags: Sequence[str], variables: list[Json], layout: Layout
+) -> Json:
     return {
         "uid": uid,
         "title": title,
@@ -346,8 +354,7 @@ def training() -> Json:
     ly.timeseries(
         "Gradient norm (mean of parameter groups)",
         "Mean over parameter groups of the gradient norm, per miner.",
-        influx_target("A", influx_select('mean("grad_norm_mean")', "training_step"),
-                      "$tag_uid"),
+        influx_target("A", influx_select('mean("grad_norm_mean")', "training_step"), "$tag_uid"),
     )
     ly.timeseries(
         "Gradient norm (largest parameter group)",
@@ -358,19 +365,22 @@ def training() -> Json:
     ly.timeseries(
         "Tokens per second, per miner",
         "Training throughput of each miner.",
-        influx_target("A", influx_select('mean("tokens_per_sec")', "training_step"),
-                      "$tag_uid"),
+        influx_target("A", influx_select('mean("tokens_per_sec")', "training_step"), "$tag_uid"),
         unit="short",
     )
     ly.timeseries(
         "Tokens per second, all selected miners",
         "Sum of the miners' throughput.",
-        influx_target("A", influx_sum_over_nodes(
-            'mean("tokens_per_sec") AS "tokens_per_sec"',
-            'sum("tokens_per_sec") AS "tokens_per_sec"',
-            "training_step",
-            inner_by=("uid",),
-        ), "tokens/s"),
+        influx_target(
+            "A",
+            influx_sum_over_nodes(
+                'mean("tokens_per_sec") AS "tokens_per_sec"',
+                'sum("tokens_per_sec") AS "tokens_per_sec"',
+                "training_step",
+                inner_by=("uid",),
+            ),
+            "tokens/s",
+        ),
     )
     ly.timeseries(
         "Global step",
@@ -383,9 +393,12 @@ def training() -> Json:
         influx_target("A", influx_select('max("window")', "training_step"), "$tag_uid"),
     )
     return dashboard(
-        "telemetry-training", "Training (miners)",
+        "telemetry-training",
+        "Training (miners)",
         "Loss, learning rate, gradient norms and throughput of the miners.",
-        ["training"], node_variables("training_step"), ly,
+        ["training"],
+        node_variables("training_step"),
+        ly,
     )
 
 
@@ -395,23 +408,19 @@ def validators() -> Json:
     ly.timeseries(
         "Evaluation loss before and after the gradients",
         "Mean loss on the evaluation data before and after applying the miners' gradients.",
-        influx_target("A", influx_select('mean("loss_before")', "validator_window"),
-                      "before $tag_uid"),
-        influx_target("B", influx_select('mean("loss_after")', "validator_window"),
-                      "after $tag_uid"),
+        influx_target("A", influx_select('mean("loss_before")', "validator_window"), "before $tag_uid"),
+        influx_target("B", influx_select('mean("loss_after")', "validator_window"), "after $tag_uid"),
     )
     ly.timeseries(
         "Improvement",
         "Relative loss improvement, (before - after) / before, per validator.",
-        influx_target("A", influx_select('mean("improvement")', "validator_window"),
-                      "$tag_uid"),
+        influx_target("A", influx_select('mean("improvement")', "validator_window"), "$tag_uid"),
         unit="percentunit",
     )
     ly.timeseries(
         "Miners evaluated per window",
         "How many miners each validator evaluated.",
-        influx_target("A", influx_select('last("evaluated_uids")', "validator_window"),
-                      "$tag_uid"),
+        influx_target("A", influx_select('last("evaluated_uids")', "validator_window"), "$tag_uid"),
     )
     ly.timeseries(
         "Validator window",
@@ -423,57 +432,68 @@ def validators() -> Json:
     ly.timeseries(
         "Score per evaluated miner",
         "Score the selected validators gave each evaluated miner.",
-        influx_target("A", influx_select('mean("score")', "validator_scores",
-                                         by=("eval_uid",), extra_where=eval_filter),
-                      "$tag_eval_uid"),
+        influx_target(
+            "A",
+            influx_select('mean("score")', "validator_scores", by=("eval_uid",), extra_where=eval_filter),
+            "$tag_eval_uid",
+        ),
     )
     ly.timeseries(
         "Moving average score",
         "Exponential moving average of each evaluated miner's score.",
-        influx_target("A", influx_select('mean("moving_avg_score")', "validator_scores",
-                                         by=("eval_uid",), extra_where=eval_filter),
-                      "$tag_eval_uid"),
+        influx_target(
+            "A",
+            influx_select('mean("moving_avg_score")', "validator_scores", by=("eval_uid",), extra_where=eval_filter),
+            "$tag_eval_uid",
+        ),
     )
     ly.timeseries(
         "Weight per evaluated miner",
         "Weight set on chain for each evaluated miner.",
-        influx_target("A", influx_select('last("weight")', "validator_scores",
-                                         by=("eval_uid",), extra_where=eval_filter),
-                      "$tag_eval_uid"),
+        influx_target(
+            "A",
+            influx_select('last("weight")', "validator_scores", by=("eval_uid",), extra_where=eval_filter),
+            "$tag_eval_uid",
+        ),
     )
     ly.table(
         "Latest score and weight",
         "Last score, moving average and weight per validator and evaluated miner.",
-        influx_target("A", influx_select(
-            'last("score") AS "score", last("moving_avg_score") AS "moving_avg_score", '
-            'last("weight") AS "weight"',
-            "validator_scores", by=("uid", "eval_uid"), extra_where=eval_filter,
-            per_interval=False,
-        ), table=True),
+        influx_target(
+            "A",
+            influx_select(
+                'last("score") AS "score", last("moving_avg_score") AS "moving_avg_score", last("weight") AS "weight"',
+                "validator_scores",
+                by=("uid", "eval_uid"),
+                extra_where=eval_filter,
+                per_interval=False,
+            ),
+            table=True,
+        ),
     )
     ly.row("Evaluator benchmarks")
     ly.timeseries(
         "Benchmark score per task",
         "Checkpoint benchmark scores reported by the evaluator.",
-        influx_target("A", influx_select('last("score")', "evaluator_benchmark",
-                                         by=("task",)), "$tag_task"),
+        influx_target("A", influx_select('last("score")', "evaluator_benchmark", by=("task",)), "$tag_task"),
     )
     ly.timeseries(
         "Benchmark duration",
         "Time each benchmark took.",
-        influx_target("A", influx_select('mean("duration_s")', "evaluator_benchmark",
-                                         by=("task",)), "$tag_task"),
+        influx_target("A", influx_select('mean("duration_s")', "evaluator_benchmark", by=("task",)), "$tag_task"),
         unit="s",
     )
     variables = [
         *node_variables(None),
-        influx_variable("eval_uid", "Evaluated UID", "eval_uid", "validator_scores",
-                        ("network", "uid")),
+        influx_variable("eval_uid", "Evaluated UID", "eval_uid", "validator_scores", ("network", "uid")),
     ]
     return dashboard(
-        "telemetry-validators", "Validators",
+        "telemetry-validators",
+        "Validators",
         "Evaluation losses and improvement, scores and weights per evaluated miner.",
-        ["validators"], variables, ly,
+        ["validators"],
+        variables,
+        ly,
     )
 
 
@@ -483,8 +503,7 @@ def network() -> Json:
     ly.timeseries(
         "Active peers",
         "Peers each node saw active in the window.",
-        influx_target("A", influx_select('mean("active_peers")', "network_status"),
-                      "$tag_uid"),
+        influx_target("A", influx_select('mean("active_peers")', "network_status"), "$tag_uid"),
     )
     ly.timeseries(
         "In sync",
@@ -495,58 +514,56 @@ def network() -> Json:
     ly.timeseries(
         "Sync lag",
         "How many windows each node is behind.",
-        influx_target("A", influx_select('max("sync_lag_windows")', "network_status"),
-                      "$tag_uid"),
+        influx_target("A", influx_select('max("sync_lag_windows")', "network_status"), "$tag_uid"),
     )
     ly.timeseries(
         "Gather success rate",
         "Share of peers whose gradient arrived, per node and for the aggregator.",
-        influx_target("A", influx_select('mean("gather_success_rate")', "network_status"),
-                      "$tag_uid"),
-        influx_target("B", influx_select('mean("gather_success_rate")', "aggregator_step"),
-                      "aggregator $tag_uid"),
+        influx_target("A", influx_select('mean("gather_success_rate")', "network_status"), "$tag_uid"),
+        influx_target("B", influx_select('mean("gather_success_rate")', "aggregator_step"), "aggregator $tag_uid"),
         unit="percentunit",
     )
     ly.row("Gradient exchange")
     ly.timeseries(
         "Gradient compression ratio",
         "Raw gradient bytes divided by compressed bytes.",
-        influx_target("A", influx_select('mean("compression_ratio")', "performance"),
-                      "$tag_uid"),
+        influx_target("A", influx_select('mean("compression_ratio")', "performance"), "$tag_uid"),
     )
     ly.timeseries(
         "Step timings",
         "Time to gather peers' gradients, to upload the node's own, and the whole step.",
-        influx_target("A", influx_select('mean("gather_time_s")', "performance"),
-                      "gather $tag_uid"),
-        influx_target("B", influx_select('mean("put_time_s")', "performance"),
-                      "put $tag_uid"),
-        influx_target("C", influx_select('mean("step_time_s")', "performance"),
-                      "step $tag_uid"),
+        influx_target("A", influx_select('mean("gather_time_s")', "performance"), "gather $tag_uid"),
+        influx_target("B", influx_select('mean("put_time_s")', "performance"), "put $tag_uid"),
+        influx_target("C", influx_select('mean("step_time_s")', "performance"), "step $tag_uid"),
         unit="s",
     )
     ly.timeseries(
         "Training throughput (all selected miners)",
         "Sum of the miners' tokens per second.",
-        influx_target("A", influx_sum_over_nodes(
-            'mean("tokens_per_sec") AS "tokens_per_sec"',
-            'sum("tokens_per_sec") AS "tokens_per_sec"',
-            "training_step",
-            inner_by=("uid",),
-        ), "tokens/s"),
+        influx_target(
+            "A",
+            influx_sum_over_nodes(
+                'mean("tokens_per_sec") AS "tokens_per_sec"',
+                'sum("tokens_per_sec") AS "tokens_per_sec"',
+                "training_step",
+                inner_by=("uid",),
+            ),
+            "tokens/s",
+        ),
     )
     ly.timeseries(
         "Aggregation",
         "Gradients the aggregator merged per round, and the time merging took.",
-        influx_target("A", influx_select('last("gradients_gathered")', "aggregator_step"),
-                      "gathered $tag_uid"),
-        influx_target("B", influx_select('mean("aggregation_time_s")', "aggregator_step"),
-                      "seconds $tag_uid"),
+        influx_target("A", influx_select('last("gradients_gathered")', "aggregator_step"), "gathered $tag_uid"),
+        influx_target("B", influx_select('mean("aggregation_time_s")', "aggregator_step"), "seconds $tag_uid"),
     )
     return dashboard(
-        "telemetry-network", "Network and performance",
+        "telemetry-network",
+        "Network and performance",
         "Peers, sync status, gather success, gradient compression and throughput.",
-        ["network"], node_variables(None), ly,
+        ["network"],
+        node_variables(None),
+        ly,
     )
 
 
@@ -574,10 +591,8 @@ def system() -> Json:
     ly.timeseries(
         "Host memory used",
         "Bytes in use and available on each host.",
-        influx_target("A", influx_select('mean("memory_used_bytes")', "system"),
-                      "used $tag_uid"),
-        influx_target("B", influx_select('mean("memory_total_bytes")', "system"),
-                      "total $tag_uid"),
+        influx_target("A", influx_select('mean("memory_used_bytes")', "system"), "used $tag_uid"),
+        influx_target("B", influx_select('mean("memory_total_bytes")', "system"), "total $tag_uid"),
         unit="bytes",
     )
     ly.row("GPU")
@@ -585,50 +600,60 @@ def system() -> Json:
     ly.timeseries(
         "GPU memory allocated",
         "torch.cuda memory held by tensors, per device.",
-        influx_target("A", influx_select('mean("allocated_bytes")', "gpu_memory", by=by_gpu),
-                      "$tag_uid gpu$tag_gpu_index"),
+        influx_target(
+            "A", influx_select('mean("allocated_bytes")', "gpu_memory", by=by_gpu), "$tag_uid gpu$tag_gpu_index"
+        ),
         unit="bytes",
     )
     ly.timeseries(
         "GPU memory cached (reserved)",
         "torch.cuda memory reserved by the caching allocator, per device.",
-        influx_target("A", influx_select('mean("reserved_bytes")', "gpu_memory", by=by_gpu),
-                      "$tag_uid gpu$tag_gpu_index"),
+        influx_target(
+            "A", influx_select('mean("reserved_bytes")', "gpu_memory", by=by_gpu), "$tag_uid gpu$tag_gpu_index"
+        ),
         unit="bytes",
     )
     ly.timeseries(
         "GPU utilisation",
         "NVML utilisation per device.",
-        influx_target("A", influx_select('mean("utilization_percent")', "gpu", by=by_gpu),
-                      "$tag_uid gpu$tag_gpu_index"),
+        influx_target(
+            "A", influx_select('mean("utilization_percent")', "gpu", by=by_gpu), "$tag_uid gpu$tag_gpu_index"
+        ),
         unit="percent",
     )
     ly.timeseries(
         "GPU memory used (all processes)",
         "Device memory in use as a share of the device's memory.",
-        influx_target("A", influx_select(
-            'mean("memory_used_bytes") / mean("memory_total_bytes") * 100', "gpu", by=by_gpu,
-        ), "$tag_uid gpu$tag_gpu_index"),
+        influx_target(
+            "A",
+            influx_select(
+                'mean("memory_used_bytes") / mean("memory_total_bytes") * 100',
+                "gpu",
+                by=by_gpu,
+            ),
+            "$tag_uid gpu$tag_gpu_index",
+        ),
         unit="percent",
     )
     ly.timeseries(
         "GPU temperature",
         "Device temperature.",
-        influx_target("A", influx_select('max("temperature_c")', "gpu", by=by_gpu),
-                      "$tag_uid gpu$tag_gpu_index"),
+        influx_target("A", influx_select('max("temperature_c")', "gpu", by=by_gpu), "$tag_uid gpu$tag_gpu_index"),
         unit="celsius",
     )
     ly.timeseries(
         "GPU power",
         "Power draw per device.",
-        influx_target("A", influx_select('mean("power_w")', "gpu", by=by_gpu),
-                      "$tag_uid gpu$tag_gpu_index"),
+        influx_target("A", influx_select('mean("power_w")', "gpu", by=by_gpu), "$tag_uid gpu$tag_gpu_index"),
         unit="watt",
     )
     return dashboard(
-        "telemetry-system", "System and GPU",
+        "telemetry-system",
+        "System and GPU",
         "CPU, memory, GPU memory allocated and cached, and GPU utilisation per node.",
-        ["system"], node_variables(None), ly,
+        ["system"],
+        node_variables(None),
+        ly,
     )
 
 
@@ -641,14 +666,12 @@ def logs() -> Json:
     ly.timeseries(
         "Log lines by level",
         "Lines per interval, by level.",
-        loki_target("A", f"sum by (level) (count_over_time({everything}[$__auto]))",
-                    "{{level}}"),
+        loki_target("A", f"sum by (level) (count_over_time({everything}[$__auto]))", "{{level}}"),
     )
     ly.timeseries(
         "Log lines by service",
         "Lines per interval, by service.",
-        loki_target("A", f"sum by (service) (count_over_time({everything}[$__auto]))",
-                    "{{service}}"),
+        loki_target("A", f"sum by (service) (count_over_time({everything}[$__auto]))", "{{service}}"),
     )
     ly.timeseries(
         "Errors per second by service",
@@ -658,8 +681,7 @@ def logs() -> Json:
     ly.timeseries(
         "Error ratio",
         "Error and critical lines as a share of all lines.",
-        loki_target("A", f"sum(rate({errors}[$__auto])) / sum(rate({any_level}[$__auto]))",
-                    "errors"),
+        loki_target("A", f"sum(rate({errors}[$__auto])) / sum(rate({any_level}[$__auto]))", "errors"),
         unit="percentunit",
     )
     ly.table(
@@ -667,8 +689,7 @@ def logs() -> Json:
         "Loggers with the most error and critical lines in the time range.",
         loki_target(
             "A",
-            f'topk(10, sum by (service, logger) (count_over_time({errors} | json '
-            f'| __error__="" [$__range])))',
+            f'topk(10, sum by (service, logger) (count_over_time({errors} | json | __error__="" [$__range])))',
             instant=True,
         ),
     )
@@ -705,9 +726,12 @@ def logs() -> Json:
         textbox_variable("search", "Search"),
     ]
     return dashboard(
-        "telemetry-logs", "Logs",
+        "telemetry-logs",
+        "Logs",
         "Log volume by level and service, error rate, and a searchable log panel.",
-        ["logs"], variables, ly,
+        ["logs"],
+        variables,
+        ly,
     )
 
 
@@ -741,8 +765,7 @@ def telemetry_health() -> Json:
     ly.row("Drops and backlog")
     ly.timeseries(
         "Dropped per second, by reason",
-        "Records the client dropped, by reason and sink. Anything but sampled_out "
-        "deserves a look.",
+        "Records the client dropped, by reason and sink. Anything but sampled_out deserves a look.",
         influx_target(
             "A",
             counter_rates({reason: f"dropped_{reason}" for reason in DROP_REASONS}),
@@ -753,30 +776,40 @@ def telemetry_health() -> Json:
     ly.timeseries(
         "Pending records",
         "Records buffered and not yet delivered, per node and sink.",
-        influx_target("A", influx_select('last("pending")', "telemetry_client",
-                                         by=("uid", "sink"),
-                                         extra_where='"sink" =~ /^$sink$/'),
-                      "$tag_uid $tag_sink"),
+        influx_target(
+            "A",
+            influx_select('last("pending")', "telemetry_client", by=("uid", "sink"), extra_where='"sink" =~ /^$sink$/'),
+            "$tag_uid $tag_sink",
+        ),
     )
     ly.timeseries(
         "Pending bytes",
         "Encoded bytes buffered and not yet delivered, per node and sink.",
-        influx_target("A", influx_select('last("pending_bytes")', "telemetry_client",
-                                         by=("uid", "sink"),
-                                         extra_where='"sink" =~ /^$sink$/'),
-                      "$tag_uid $tag_sink"),
+        influx_target(
+            "A",
+            influx_select(
+                'last("pending_bytes")', "telemetry_client", by=("uid", "sink"), extra_where='"sink" =~ /^$sink$/'
+            ),
+            "$tag_uid $tag_sink",
+        ),
         unit="bytes",
     )
     ly.table(
         "Counters per process (latest)",
         "Cumulative counters of each process (uid, runtime_id) and sink.",
-        influx_target("A", influx_select(
-            'last("queued") AS "queued", last("sent") AS "sent", '
-            'last("retries") AS "retries", last("dropped") AS "dropped", '
-            'last("pending") AS "pending"',
-            "telemetry_client", by=("uid", "runtime_id", "sink"),
-            extra_where='"sink" =~ /^$sink$/', per_interval=False,
-        ), table=True),
+        influx_target(
+            "A",
+            influx_select(
+                'last("queued") AS "queued", last("sent") AS "sent", '
+                'last("retries") AS "retries", last("dropped") AS "dropped", '
+                'last("pending") AS "pending"',
+                "telemetry_client",
+                by=("uid", "runtime_id", "sink"),
+                extra_where='"sink" =~ /^$sink$/',
+                per_interval=False,
+            ),
+            table=True,
+        ),
         width=24,
     )
     variables = [
@@ -784,9 +817,12 @@ def telemetry_health() -> Json:
         influx_variable("sink", "Sink", "sink", "telemetry_client", ("network",)),
     ]
     return dashboard(
-        "telemetry-health", "Telemetry health",
+        "telemetry-health",
+        "Telemetry health",
         "The telemetry client's own counters: queued, sent, retried and dropped, per sink.",
-        ["telemetry-health"], variables, ly,
+        ["telemetry-health"],
+        variables,
+        ly,
     )
 
 
@@ -810,8 +846,9 @@ def render() -> dict[str, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true",
-                        help="exit 1 when grafana/dashboards/ differs from the generated JSON")
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 when grafana/dashboards/ differs from the generated JSON"
+    )
     parser.add_argument("--out", type=Path, default=OUT_DIR)
     args = parser.parse_args(argv)
     stale = []
@@ -825,8 +862,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
     if args.check and stale:
-        print(f"out of date: {', '.join(stale)}; run python grafana/build_dashboards.py",
-              file=sys.stderr)
+        print(f"out of date: {', '.join(stale)}; run python grafana/build_dashboards.py", file=sys.stderr)
         return 1
     for name in stale:
         print(f"wrote {args.out / name}")

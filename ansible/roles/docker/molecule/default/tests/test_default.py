@@ -16,9 +16,7 @@ def test_apt_source_is_signed_by_the_keyring(host):
     source = host.file(_path("/etc/apt/sources.list.d/docker.sources"))
     assert source.is_file
     assert source.mode == 0o644
-    fields = dict(
-        line.split(": ", 1) for line in source.content_string.splitlines() if ": " in line
-    )
+    fields = dict(line.split(": ", 1) for line in source.content_string.splitlines() if ": " in line)
     distribution = host.system_info.distribution.lower()
     assert fields["Types"] == "deb"
     assert fields["URIs"] == f"https://download.docker.com/linux/{distribution}"

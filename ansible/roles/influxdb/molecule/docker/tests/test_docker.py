@@ -31,9 +31,13 @@ def test_write_token_writes_and_read_token_reads(host):
     write = _token(host, "node-write.token")
     read = _token(host, "grafana-read.token")
     point = f"molecule_check,role=test value=1 {time.time_ns()}"
-    result = _curl(host, "-X POST", f"-H 'Authorization: Token {write}'",
-                   f"--data-binary '{point}'",
-                   f"'{API}/api/v2/write?org=telemetry&bucket=telemetry&precision=ns'")
+    result = _curl(
+        host,
+        "-X POST",
+        f"-H 'Authorization: Token {write}'",
+        f"--data-binary '{point}'",
+        f"'{API}/api/v2/write?org=telemetry&bucket=telemetry&precision=ns'",
+    )
     assert result.stdout == "204", result.stderr
     query = "SELECT last(value) FROM molecule_check"
     found = host.check_output(
@@ -45,6 +49,11 @@ def test_write_token_writes_and_read_token_reads(host):
 
 def test_read_token_cannot_write(host):
     read = _token(host, "grafana-read.token")
-    result = _curl(host, "-X POST", f"-H 'Authorization: Token {read}'", "--data-binary 'x v=1'",
-                   f"'{API}/api/v2/write?org=telemetry&bucket=telemetry'")
+    result = _curl(
+        host,
+        "-X POST",
+        f"-H 'Authorization: Token {read}'",
+        "--data-binary 'x v=1'",
+        f"'{API}/api/v2/write?org=telemetry&bucket=telemetry'",
+    )
     assert result.stdout in {"401", "403", "404"}, result.stderr

@@ -18,18 +18,19 @@ def test_ready(host):
 
 def test_push_then_query(host):
     now = time.time_ns()
-    body = json.dumps({"streams": [{"stream": {"service": "molecule"},
-                                    "values": [[str(now), "molecule check line"]]}]})
+    body = json.dumps({"streams": [{"stream": {"service": "molecule"}, "values": [[str(now), "molecule check line"]]}]})
     status = host.check_output(
         f"curl -sS -o /dev/null -w '%{{http_code}}' -H 'Content-Type: application/json' "
         f"--data-raw '{body}' {API}/loki/api/v1/push"
     )
     assert status == "204"
     for _ in range(30):
-        found = json.loads(host.check_output(
-            f"curl -fsS -G --data-urlencode 'query={{service=\"molecule\"}}' "
-            f"--data-urlencode 'start={now - 60_000_000_000}' {API}/loki/api/v1/query_range"
-        ))
+        found = json.loads(
+            host.check_output(
+                f"curl -fsS -G --data-urlencode 'query={{service=\"molecule\"}}' "
+                f"--data-urlencode 'start={now - 60_000_000_000}' {API}/loki/api/v1/query_range"
+            )
+        )
         if found["data"]["result"]:
             break
         time.sleep(1)

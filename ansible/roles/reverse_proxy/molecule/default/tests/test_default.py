@@ -92,11 +92,15 @@ def test_caddyfile_parses_with_caddy(host, tmp_path):
     text = text.replace("/etc/caddy/certs/", DIR + "/certs/")
     config = tmp_path / "Caddyfile"
     config.write_text(text)
-    env = dict(os.environ, HOME=str(tmp_path), XDG_DATA_HOME=str(tmp_path / "data"),
-               XDG_CONFIG_HOME=str(tmp_path / "config"))
+    env = dict(
+        os.environ, HOME=str(tmp_path), XDG_DATA_HOME=str(tmp_path / "data"), XDG_CONFIG_HOME=str(tmp_path / "config")
+    )
     result = subprocess.run(
         [caddy, "validate", "--adapter", "caddyfile", "--config", str(config)],
-        capture_output=True, text=True, check=False, env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -115,6 +119,8 @@ def test_container_definition(host):
         assert host.file(mount["source"]).exists, mount
     result = subprocess.run(
         ["docker-compose", "-f", DIR + "/container.compose.yml", "config", "--quiet"],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert result.returncode == 0, result.stderr

@@ -10,9 +10,7 @@ CA = "/tmp/telemetry-molecule/reverse_proxy/reverse_proxy/data/caddy/pki/authori
 
 
 def _status(host, url, *args):
-    return host.check_output(
-        f"curl -sS --cacert {CA} -o /dev/null -w '%{{http_code}}' {' '.join(args)} {url}"
-    )
+    return host.check_output(f"curl -sS --cacert {CA} -o /dev/null -w '%{{http_code}}' {' '.join(args)} {url}")
 
 
 def _password(name):
@@ -27,8 +25,9 @@ def test_grafana_needs_the_proxy_credentials(host):
 
 def test_loki_push_needs_the_node_credentials(host):
     url = "https://logs.localhost:18443/loki/api/v1/push"
-    body = json.dumps({"streams": [{"stream": {"service": "molecule"},
-                                    "values": [[str(time.time_ns()), "through the proxy"]]}]})
+    body = json.dumps(
+        {"streams": [{"stream": {"service": "molecule"}, "values": [[str(time.time_ns()), "through the proxy"]]}]}
+    )
     args = ["-H 'Content-Type: application/json'", f"--data-raw '{body}'"]
     assert _status(host, url, *args) == "401"
     assert _status(host, url, *args, "-u 'node:wrong-password'") == "401"
