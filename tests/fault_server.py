@@ -7,6 +7,7 @@ that arrived and prove that nothing was lost or sent twice.
 from __future__ import annotations
 
 import gzip
+import ssl
 import threading
 import time
 from collections import deque
@@ -29,6 +30,7 @@ class Reply:
 @dataclass
 class FaultServer:
     port: int
+    scheme: str = "http"
     script: deque[Reply] = field(default_factory=deque)
     lines: list[bytes] = field(default_factory=list)
     requests: list[int] = field(default_factory=list)  # status answered, in order
@@ -36,7 +38,7 @@ class FaultServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def then(self, *replies: Reply) -> None:
         """Answer the next requests with `replies`, in order; afterwards 204."""
@@ -85,11 +87,14 @@ def _handler(state: FaultServer) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def fault_server(port: int = 0) -> Iterator[FaultServer]:
-    """Serve on 127.0.0.1:`port` (0: any free port) until the block ends."""
+def fault_server(port: int = 0, tls: ssl.SSLContext | None = None) -> Iterator[FaultServer]:
+    """Serve on 127.0.0.1:`port` (0: any free port) until the block ends; HTTPS with `tls`."""
     state = FaultServer(port)
     server = ThreadingHTTPServer(("127.0.0.1", port), _handler(state))
     server.daemon_threads = True
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
+        state.scheme = "https"
     state.port = server.server_address[1]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
