@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from telemetry_client.retry import backoff_delay, parse_retry_after
 from telemetry_client.self_log import warn
-from telemetry_client.transport import HttpTransport, Response, TransportError
+from telemetry_client.transport import HttpTransport, Pending, Response, TransportError
 
 # An encoded unit ready to send: (payload, size in bytes, accounting key such as a
 # measurement name or a stream).
@@ -37,6 +37,7 @@ Item = tuple[Any, int, str]
 
 RETRYABLE_STATUS = frozenset({408, 425, 429})  # and every 5xx
 DEFAULT_EXIT_TIMEOUT = 3.0
+OVERLAP_CHUNK = 500  # records encoded between two looks at whether the server has answered
 
 
 @dataclass(frozen=True)
@@ -237,11 +238,11 @@ class Channel:
         self._backlog_bytes -= batch.memory
         return batch
 
-    def _encode_intake(self, batches: int = 2) -> None:
-        """Encode up to `batches` batches' worth of records, so that sending keeps pace with encoding."""
+    def _encode_intake(self, records: int) -> None:
+        """Encode up to `records` records from the intake."""
         intake = self._intake
         encode, emit, drop = self.sink.encode, self._emit, self._drop
-        for _ in range(batches * self.settings.batch_items):
+        for _ in range(records):
             if not intake:
                 break
             try:
@@ -277,7 +278,7 @@ class Channel:
     def pump(self, now: float, deadline: float | None) -> float:
         """Encode, batch and send what is due; return seconds until this channel next needs a wake-up."""
         with self._lock:
-            self._encode_intake()
+            self._encode_intake(2 * self.settings.batch_items)
             partial = self._partial
             if partial.items and (self._flush_requested or now - partial.created >= self.settings.flush_interval):
                 self._seal_partial()
@@ -318,8 +319,7 @@ class Channel:
         error = None
         try:
             pending = transport.start(body, timeout_cap=cap)
-            with self._lock:
-                self._encode_intake(batches=1)  # while the server works on this batch
+            self._encode_while_waiting(pending)
             response = pending.finish()
         except TransportError as exc:
             error = str(exc)
@@ -334,6 +334,20 @@ class Channel:
                 return self._rejected(batch, response)
             self._schedule_retry(response, error)
             return False
+
+    def _encode_while_waiting(self, pending: Pending) -> None:
+        """Encode what the caller queued while the server works on the request, until its answer arrives.
+
+        Chunks of `OVERLAP_CHUNK` records, up to two batches' worth: encoding and
+        sending then keep pace, and the answer is read soon after it comes.
+        """
+        budget = 2 * self.settings.batch_items
+        while budget > 0 and self._intake:
+            with self._lock:
+                self._encode_intake(min(OVERLAP_CHUNK, budget))
+            budget -= OVERLAP_CHUNK
+            if pending.answered():
+                return
 
     def _delivered(self, batch: _Batch) -> None:
         self.sent += batch.count

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import http.client
+import select
 import socket
 import ssl
 import urllib.parse
@@ -34,6 +35,18 @@ class Pending:
         self._transport = transport
         self._connection = connection
         self._read_timeout = read_timeout
+
+    def answered(self) -> bool:
+        """True once the server has started to answer (reading would not wait)."""
+        sock = self._connection.sock
+        if sock is None:
+            return True
+        if isinstance(sock, ssl.SSLSocket) and sock.pending():
+            return True
+        try:
+            return bool(select.select([sock], [], [], 0)[0])
+        except (OSError, ValueError):
+            return True
 
     def finish(self) -> Response:
         try:
