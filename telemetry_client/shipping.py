@@ -90,7 +90,11 @@ class Sink(Protocol):
 
 
 class Counter:
-    """A thread-safe counter that callers bump without a lock (itertools.count is atomic in CPython)."""
+    """A counter callers bump without taking a lock: itertools.count's `next` is atomic in CPython.
+
+    The value is read from the counter's repr (`count(N)`), which every Python
+    version keeps; its pickling hook, which once exposed it, is gone in 3.14.
+    """
 
     def __init__(self) -> None:
         self._count = itertools.count()
@@ -100,7 +104,7 @@ class Counter:
 
     @property
     def value(self) -> int:
-        return self._count.__reduce__()[1][0]
+        return int(repr(self._count)[6:-1])
 
 
 @dataclass

@@ -190,3 +190,18 @@ def test_close_while_a_batch_is_being_sealed_loses_nothing():
         assert logger.close(10) == 0
         assert (logger.stats()["sent"], logger.stats()["dropped"]) == (10, 0)
         assert sorted(_ids(server.lines)) == list(range(10))
+
+
+def test_lock_free_counter_counts_every_bump_from_many_threads():
+    import threading
+
+    from telemetry_client.shipping import Counter
+
+    counter = Counter()
+    assert counter.value == 0
+    threads = [threading.Thread(target=lambda: [counter.add() for _ in range(20_000)]) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert counter.value == 80_000
