@@ -156,6 +156,20 @@ def influx_sum_over_nodes(
     return f"SELECT {outer_fields} FROM ({inner}) WHERE $timeFilter GROUP BY {group} fill(none)"
 
 
+def fleet_tokens_per_sec_target() -> Json:
+    """The selected miners' throughput added up (one mean per miner first, then the sum)."""
+    return influx_target(
+        "A",
+        influx_sum_over_nodes(
+            'mean("tokens_per_sec") AS "tokens_per_sec"',
+            'sum("tokens_per_sec") AS "tokens_per_sec"',
+            "training_step",
+            inner_by=("uid",),
+        ),
+        "tokens/s",
+    )
+
+
 def counter_rates(fields: dict[str, str]) -> str:
     """Per-second rates of the client's cumulative counters, summed per sink.
 
@@ -371,16 +385,7 @@ def training() -> Json:
     ly.timeseries(
         "Tokens per second, all selected miners",
         "Sum of the miners' throughput.",
-        influx_target(
-            "A",
-            influx_sum_over_nodes(
-                'mean("tokens_per_sec") AS "tokens_per_sec"',
-                'sum("tokens_per_sec") AS "tokens_per_sec"',
-                "training_step",
-                inner_by=("uid",),
-            ),
-            "tokens/s",
-        ),
+        fleet_tokens_per_sec_target(),
     )
     ly.timeseries(
         "Global step",
@@ -540,16 +545,7 @@ def network() -> Json:
     ly.timeseries(
         "Training throughput (all selected miners)",
         "Sum of the miners' tokens per second.",
-        influx_target(
-            "A",
-            influx_sum_over_nodes(
-                'mean("tokens_per_sec") AS "tokens_per_sec"',
-                'sum("tokens_per_sec") AS "tokens_per_sec"',
-                "training_step",
-                inner_by=("uid",),
-            ),
-            "tokens/s",
-        ),
+        fleet_tokens_per_sec_target(),
     )
     ly.timeseries(
         "Aggregation",
