@@ -28,7 +28,7 @@ from telemetry_client.loki_limits import (
 )
 from telemetry_client.loki_rejections import parse_rejections
 from telemetry_client.self_log import warn
-from telemetry_client.shipping import Item
+from telemetry_client.shipping import Item, Verdict
 from telemetry_client.transport import HttpTransport, Response
 
 # What emit() captures on the logging thread:
@@ -247,7 +247,7 @@ class LokiSink:
             body.append({"stream": self.labels_by_key[key], "values": values})
         return _encode_sanitized({"streams": body}).encode("utf-8")
 
-    def on_rejected(self, items: Sequence[Item], response: Response) -> list[Item] | None:
+    def on_rejected(self, items: Sequence[Item], response: Response) -> Verdict | None:
         """After a 400: the items Loki did not name as refused (it ignores the ones it already stored)."""
         if response.status != 400:
             return None
@@ -270,7 +270,7 @@ class LokiSink:
                 )
         if len(kept) == len(items):
             return None  # it named nothing we sent: the batch cannot be repaired
-        return kept
+        return Verdict(refused={"rejected": len(items) - len(kept)}, resend=kept)
 
     def on_idle(self, now: float) -> None:
         """Nothing periodic: the handler's counters are written by a watching MetricsLogger."""

@@ -21,7 +21,7 @@ from telemetry_client.catalog import DROP_REASONS
 from telemetry_client.fields import DEFAULT_MAX_STRING_BYTES, FieldEncoder, list_stats
 from telemetry_client.gpu_metrics import GpuSampler
 from telemetry_client.self_log import warn
-from telemetry_client.shipping import BufferSettings, Channel, Item
+from telemetry_client.shipping import BufferSettings, Channel, Item, Verdict
 from telemetry_client.system_metrics import SystemSampler
 from telemetry_client.transport import HttpTransport, Response
 
@@ -183,8 +183,8 @@ class InfluxSink:
     def build_body(self, items: Sequence[Item]) -> bytes:
         return b"".join(item[0] for item in items)
 
-    def on_rejected(self, items: Sequence[Item], response: Response) -> list[Item] | None:
-        return None  # InfluxDB already stored the valid lines of a partial write
+    def on_rejected(self, items: Sequence[Item], response: Response) -> Verdict | None:
+        return None  # everything counted rejected (InfluxDB may have stored the valid lines of a partial write)
 
     def on_idle(self, now: float) -> None:
         """Write the watched channels' counters as `telemetry_client` points, once per interval."""

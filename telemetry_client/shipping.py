@@ -23,7 +23,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -68,6 +68,23 @@ class BufferSettings:
             raise ValueError("BufferSettings: need 0 < retry_base <= retry_cap")
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """A sink's reading of a non-retryable 4xx answer: what the server stored, refused, or should get again.
+
+    Real servers accept part of a batch. InfluxDB stores the valid lines and answers
+    400 naming (1.x: counting) the bad ones; Loki stores every entry it does not name.
+    So a refusal is not "the batch failed": `stored` items are counted sent, `refused`
+    counts go to their drop reasons, `resend` items are sealed again (never items the
+    server already stored: Loki keeps duplicates). Items the verdict does not account
+    for are counted `rejected`, never sent.
+    """
+
+    stored: Sequence[Item] = ()
+    refused: Mapping[str, int] = field(default_factory=dict)  # drop reason -> number of items
+    resend: Sequence[Item] = ()
+
+
 class Sink(Protocol):
     """What a destination provides to the engine: encoding and the request body."""
 
@@ -80,8 +97,8 @@ class Sink(Protocol):
     def build_body(self, items: Sequence[Item]) -> bytes:
         """The uncompressed request body for a batch."""
 
-    def on_rejected(self, items: Sequence[Item], response: Response) -> list[Item] | None:
-        """After a non-retryable 4xx: the items worth resending (e.g. without the offending ones), or None."""
+    def on_rejected(self, items: Sequence[Item], response: Response) -> Verdict | None:
+        """After a non-retryable 4xx: how the batch's items fared (None: all refused, reason `rejected`)."""
 
     def on_idle(self, now: float) -> None:
         """Called on the sender thread at every wake-up; for periodic work such as self-metrics."""
@@ -363,6 +380,13 @@ class Channel:
         self._attempt = 0
         self._next_attempt = 0.0
 
+    def _count_sent(self, items: Sequence[Item]) -> None:
+        """Items a server stored out of a batch it answered with a refusal."""
+        self.sent += len(items)
+        by_key = self.sent_by_key
+        for item in items:
+            by_key[item[2]] = by_key.get(item[2], 0) + 1
+
     def _rejected(self, batch: _Batch, response: Response) -> bool:
         message = response.body[:500].decode("utf-8", "replace").strip()
         self.last_error = f"HTTP {response.status}: {message}"
@@ -375,19 +399,27 @@ class Channel:
             response.status,
             message,
         )
-        retry_items = None
+        verdict = None
         if batch.items:
             try:
-                retry_items = self.sink.on_rejected(batch.items, response)
+                verdict = self.sink.on_rejected(batch.items, response)
             except Exception:
                 warn.warning(f"{self.sink.name}:on_rejected", "%s: on_rejected failed", self.sink.name, exc_info=True)
         self._pop_oldest()
-        if retry_items and len(retry_items) < batch.count:
-            self._drop("rejected", batch.count - len(retry_items))
-            kept = _Batch(list(retry_items), sum(i[1] for i in retry_items), batch.created)
-            self._seal(kept, append=False)
-        else:
+        if verdict is None:
             self._drop("rejected", batch.count)
+            return True
+        if verdict.stored:
+            self._count_sent(verdict.stored)
+        for reason, count in verdict.refused.items():
+            if count > 0:
+                self._drop(reason, count)
+        unaccounted = batch.count - len(verdict.stored) - sum(verdict.refused.values()) - len(verdict.resend)
+        if unaccounted > 0:
+            self._drop("rejected", unaccounted)
+        if verdict.resend:
+            resend = list(verdict.resend)
+            self._seal(_Batch(resend, sum(i[1] for i in resend), batch.created), append=False)
         return True
 
     def _schedule_retry(self, response: Response | None, error: str | None) -> None:

@@ -144,8 +144,9 @@ def test_the_sink_keeps_what_was_not_named_and_drops_the_batch_otherwise():
     text = (
         f"entry with timestamp 2024-05-06 15:58:50.000000001 +0000 UTC ignored, reason: 'x',\nfor stream: {LOKI_VIEW}"
     )
-    kept = sink.on_rejected(items, Response(400, text.encode(), None))
-    assert kept == [items[0], items[2]]
+    verdict = sink.on_rejected(items, Response(400, text.encode(), None))
+    assert list(verdict.resend) == [items[0], items[2]]
+    assert dict(verdict.refused) == {"rejected": 1}
     assert sink.on_rejected(items, Response(400, b"no idea", None)) is None
     assert sink.on_rejected(items, Response(401, text.encode(), None)) is None
     other = "entry with timestamp 2024-05-06 15:58:50 +0000 UTC ignored, reason: 'x',\nfor stream: {service=\"other\"}"
