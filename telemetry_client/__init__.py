@@ -4,10 +4,11 @@ Importing this package has no side effects: no logging configuration, no thread,
 no environment read. Everything happens when you build a logger.
 """
 
+from telemetry_client.errors import ConfigurationError
 from telemetry_client.experiment_tracking import initialize_wandb
 from telemetry_client.log_context import bind, log_context, unbind
 from telemetry_client.loki import LokiHandler, log_with_context, setup_loki_logger
-from telemetry_client.metrics import ConfigurationError, MetricsLogger
+from telemetry_client.metrics import MetricsLogger
 from telemetry_client.shipping import BufferSettings
 
 __version__ = "0.1.0"

@@ -22,10 +22,11 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from telemetry_client.console import console_handler, default_filters
+from telemetry_client.errors import ConfigurationError
 from telemetry_client.log_context import current_context
 from telemetry_client.loki_limits import DEFAULT_MAX_LINE_BYTES, check_max_line_bytes, validate_labels
 from telemetry_client.loki_sink import LokiSink
-from telemetry_client.metrics import LOOPBACK_HOSTS, ConfigurationError
+from telemetry_client.metrics import LOOPBACK_HOSTS
 from telemetry_client.self_log import warn
 from telemetry_client.shipping import BufferSettings, Channel
 from telemetry_client.transport import HttpTransport

@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from telemetry_client.metrics import ConfigurationError
+from telemetry_client.errors import ConfigurationError
 
 LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 MAX_LABEL_NAME_BYTES = 1024

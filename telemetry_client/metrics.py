@@ -18,6 +18,7 @@ from typing import Any
 
 from telemetry_client import line_protocol as lp
 from telemetry_client.catalog import DROP_REASONS
+from telemetry_client.errors import ConfigurationError
 from telemetry_client.fields import DEFAULT_MAX_STRING_BYTES, FieldEncoder, list_stats
 from telemetry_client.gpu_metrics import GpuSampler
 from telemetry_client.self_log import warn
@@ -32,10 +33,6 @@ LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 
 # (measurement, caller tags or None, fields, timestamp, with_system_metrics, with_gpu_metrics)
 Record = tuple[str, dict | None, dict, Any, bool, bool]
-
-
-class ConfigurationError(ValueError):
-    """A logger was configured in a way that cannot work; the message says how to fix it."""
 
 
 def _env(name: str, value: Any) -> Any:
