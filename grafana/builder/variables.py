@@ -1,0 +1,74 @@
+"""Template variables: the chained node filters (network, role, uid, version) and friends."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from grafana.builder.targets import INFLUX, LOKI, Json
+
+
+def _query_variable(
+    name: str, label: str, datasource: dict[str, str], query: Any, definition: str, all_value: str
+) -> Json:
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": datasource,
+        "query": query,
+        "definition": definition,
+        "refresh": 2,
+        "includeAll": True,
+        "allValue": all_value,
+        "multi": True,
+        "sort": 1,
+        "regex": "",
+        "hide": 0,
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "options": [],
+    }
+
+
+def influx_variable(name: str, label: str, key: str, source: str | None, depends_on: Sequence[str] = ()) -> Json:
+    """A SHOW TAG VALUES variable, narrowed by the variables chosen before it."""
+    from_clause = f' FROM "{source}"' if source else ""
+    where = " AND ".join(f'"{dep}" =~ /^${dep}$/' for dep in depends_on)
+    query = f'SHOW TAG VALUES{from_clause} WITH KEY = "{key}"'
+    if where:
+        query += f" WHERE {where}"
+    return _query_variable(name, label, INFLUX, query, query, ".*")
+
+
+def node_variables(source: str | None) -> list[Json]:
+    """network, role, uid and version, each chained to the ones before it."""
+    return [
+        influx_variable("network", "Network", "network", source),
+        influx_variable("role", "Role", "role", source, ("network",)),
+        influx_variable("uid", "UID", "uid", source, ("network", "role")),
+        influx_variable("version", "Version", "version", source, ("network",)),
+    ]
+
+
+def loki_variable(name: str, label: str, stream_label: str, stream: str, all_value: str = ".*") -> Json:
+    """A label_values() variable of the Loki data source."""
+    query = {
+        "qryType": 1,
+        "label": stream_label,
+        "stream": stream,
+        "refId": "LokiVariableQueryEditor-VariableQuery",
+    }
+    definition = f"label_values({stream}, {stream_label})" if stream else f"label_values({stream_label})"
+    return _query_variable(name, label, LOKI, query, definition, all_value)
+
+
+def textbox_variable(name: str, label: str) -> Json:
+    return {
+        "name": name,
+        "label": label,
+        "type": "textbox",
+        "query": "",
+        "hide": 0,
+        "current": {"selected": False, "text": "", "value": ""},
+        "options": [],
+    }

@@ -1,0 +1,89 @@
+"""Logs: volume by level and service, error rates, and the searchable log panels (LogQL)."""
+
+from __future__ import annotations
+
+from grafana.builder.panels import Layout, dashboard
+from grafana.builder.queries import (
+    ERRORS,
+    loki_selector,
+)
+from grafana.builder.targets import Json, loki_target
+from grafana.builder.variables import loki_variable, textbox_variable
+
+
+def build() -> Json:
+    ly = Layout()
+    everything = loki_selector()
+    any_level = loki_selector(level=False)
+    errors = loki_selector(ERRORS, level=False)
+    ly.row("Volume and errors")
+    ly.timeseries(
+        "Log lines by level",
+        "Lines per interval, by level.",
+        loki_target("A", f"sum by (level) (count_over_time({everything}[$__auto]))", "{{level}}"),
+    )
+    ly.timeseries(
+        "Log lines by service",
+        "Lines per interval, by service.",
+        loki_target("A", f"sum by (service) (count_over_time({everything}[$__auto]))", "{{service}}"),
+    )
+    ly.timeseries(
+        "Errors per second by service",
+        "Rate of error and critical lines.",
+        loki_target("A", f"sum by (service) (rate({errors}[$__auto]))", "{{service}}"),
+    )
+    ly.timeseries(
+        "Error ratio",
+        "Error and critical lines as a share of all lines.",
+        loki_target("A", f"sum(rate({errors}[$__auto])) / sum(rate({any_level}[$__auto]))", "errors"),
+        unit="percentunit",
+    )
+    ly.table(
+        "Most frequent error sources",
+        "Loggers with the most error and critical lines in the time range.",
+        loki_target(
+            "A",
+            f'topk(10, sum by (service, logger) (count_over_time({errors} | json | __error__="" [$__range])))',
+            instant=True,
+        ),
+    )
+    ly.table(
+        "Errors per node",
+        "Error and critical lines per node in the time range.",
+        loki_target(
+            "A",
+            f"sum by (uid, role, host) (count_over_time({errors} [$__range]))",
+            instant=True,
+        ),
+    )
+    ly.row("Lines")
+    ly.logs(
+        "Logs",
+        "Lines of the selected streams; the Search box filters them (case-insensitive). "
+        "| json turns the body's fields (message, logger, window, step, peer, trace_id...) "
+        "into fields of each line.",
+        loki_target("A", f'{everything} |~ "(?i)$search" | json'),
+    )
+    ly.logs(
+        "Errors and exceptions",
+        "Error and critical lines only, with their exception and traceback in the body.",
+        loki_target("A", f'{errors} |~ "(?i)$search" | json'),
+        height=10,
+    )
+    variables = [
+        loki_variable("network", "Network", "environment", "", all_value=".+"),
+        loki_variable("service", "Service", "service", '{environment=~"$network"}'),
+        loki_variable("role", "Role", "role", '{environment=~"$network"}'),
+        loki_variable("uid", "UID", "uid", '{environment=~"$network", role=~"$role"}'),
+        loki_variable("version", "Version", "version", '{environment=~"$network"}'),
+        loki_variable("level", "Level", "level", '{environment=~"$network"}'),
+        textbox_variable("search", "Search"),
+    ]
+    return dashboard(
+        "telemetry-logs",
+        "Logs",
+        "Log volume by level and service, error rate, and a searchable log panel.",
+        ["logs"],
+        variables,
+        ly,
+    )
