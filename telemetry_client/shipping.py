@@ -15,7 +15,6 @@ encoded items / `max_bytes` encoded bytes wait to be sent.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import itertools
 import os
@@ -27,6 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from telemetry_client import lifecycle
+from telemetry_client.lifecycle import exit_timeout
 from telemetry_client.retry import backoff_delay, parse_retry_after
 from telemetry_client.self_log import warn
 from telemetry_client.transport import HttpTransport, Pending, Response, TransportError
@@ -36,7 +37,6 @@ from telemetry_client.transport import HttpTransport, Pending, Response, Transpo
 Item = tuple[Any, int, str]
 
 RETRYABLE_STATUS = frozenset({408, 425, 429})  # and every 5xx
-DEFAULT_EXIT_TIMEOUT = 3.0
 OVERLAP_CHUNK = 500  # records encoded between two looks at whether the server has answered
 
 
@@ -156,6 +156,7 @@ class Channel:
         self._retains_items = bool(getattr(sink, "retains_items", True))
         self._reset_state()
         self._engine.register(self)
+        lifecycle.maybe_install_sigterm_handler()
 
     def _reset_state(self) -> None:
         """Fresh buffers, locks and counters (at construction and in a forked child)."""
@@ -589,8 +590,8 @@ class Engine:
             if timeout > 0:
                 self.wake.wait(timeout)
 
-    def close_all(self, timeout: float) -> None:
-        """Close every channel within one overall deadline (the atexit hook)."""
+    def close_all(self, timeout: float) -> int:
+        """Close every channel within one overall deadline; return how many records were left."""
         deadline = time.monotonic() + timeout
         channels = list(self.channels)
         for channel in channels:
@@ -598,8 +599,7 @@ class Engine:
                 channel._flush_requested = True
         if channels:
             self.flush_until(deadline)
-        for channel in channels:
-            channel.close(max(0.0, deadline - time.monotonic()))
+        return sum(channel.close(max(0.0, deadline - time.monotonic())) for channel in channels)
 
     def after_fork_in_child(self) -> None:
         """A child gets a fresh engine: empty buffers, no thread, new sockets. Nothing is sent twice."""
@@ -618,30 +618,34 @@ _engine_lock = threading.Lock()
 
 
 def get_engine() -> Engine:
-    """The process's engine, created on first use (with its atexit and fork hooks)."""
+    """The process's engine, created on first use (with its exit and fork hooks)."""
     global _engine
     if _engine is None:
         with _engine_lock:
             if _engine is None:
                 engine = Engine()
-                atexit.register(_at_exit)
                 os.register_at_fork(after_in_child=_after_fork_in_child)
                 _engine = engine
+                lifecycle.install_exit_hooks(shutdown)
     return _engine
 
 
-def exit_timeout() -> float:
-    """Seconds the atexit hook waits for delivery: TELEMETRY_EXIT_TIMEOUT, default 3."""
-    raw = os.environ.get("TELEMETRY_EXIT_TIMEOUT", "")
+def shutdown(timeout: float | None = None) -> int:
+    """Deliver what every logger and handler of this process holds, within `timeout` seconds, and close them.
+
+    For applications that end the process themselves (their own SIGTERM handler,
+    `os._exit`): call it first. `timeout` defaults to TELEMETRY_EXIT_TIMEOUT (3 s).
+    Returns how many records were left undelivered (counted `shutdown`). Later
+    `log()` calls are counted `shutdown` too. Never raises.
+    """
+    engine = _engine
+    if engine is None or engine._pid != os.getpid():
+        return 0
     try:
-        return max(0.0, float(raw)) if raw else DEFAULT_EXIT_TIMEOUT
-    except ValueError:
-        return DEFAULT_EXIT_TIMEOUT
-
-
-def _at_exit() -> None:
-    if _engine is not None and _engine.channels and _engine._pid == os.getpid():
-        _engine.close_all(exit_timeout())
+        return engine.close_all(exit_timeout() if timeout is None else timeout)
+    except Exception:
+        warn.warning("shutdown", "telemetry shutdown failed", exc_info=True)
+        return 0
 
 
 def _after_fork_in_child() -> None:

@@ -1,0 +1,179 @@
+"""How each way a process ends reaches the engine's drain.
+
+Python runs `atexit` hooks when the main module returns, on `sys.exit` and after
+an uncaught exception. Two common ends skip them:
+
+- multiprocessing children end with `os._exit` (fork start method:
+  `multiprocessing/popen_fork.py` `Popen._launch`; forkserver: the `os._exit(code)`
+  in `multiprocessing/forkserver.py` `main`). Before that, `BaseProcess._bootstrap`
+  (`multiprocessing/process.py`) clears the finalizer registry inherited from the
+  parent (`_after_fork`: `util._finalizer_registry.clear()`, then
+  `util._run_after_forkers()`), runs the target, and in a `finally` calls
+  `util._exit_function()`, which runs every `util.Finalize` whose exitpriority is
+  not None (highest first). So a drain registered as a `Finalize` in the child,
+  after the registry was cleared, runs on every normal or exceptional return of a
+  child's target. (Spawn children end with `sys.exit`, so `atexit` runs there too.)
+- SIGTERM's default action kills the process without running any Python code.
+  While the handler is still the default one, we install a handler that drains
+  within the exit deadline and then ends the process the way the default action
+  would: it restores SIG_DFL and sends itself the signal again, so the parent sees
+  "killed by signal 15".
+
+Every drain here is bounded by the caller's deadline and never raises.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+
+EXIT_TIMEOUT_ENV = "TELEMETRY_EXIT_TIMEOUT"
+DEFAULT_EXIT_TIMEOUT = 3.0
+SIGTERM_ENV = "TELEMETRY_HANDLE_SIGTERM"
+# Finalizers with a higher exitpriority run first; multiprocessing's own (queues 10,
+# pools 15) only release resources, so the drain goes before them.
+FINALIZE_PRIORITY = 100
+
+Drain = Callable[[float | None], int]
+
+_drain: Drain | None = None
+_sigterm_enabled: bool | None = None  # None: not decided by a call, read the environment
+_sigterm_installed = False
+_sigterm_lock = threading.Lock()
+_draining = threading.Event()
+
+
+class _Anchor:
+    """A weak-referenceable object for `multiprocessing.util.register_after_fork`."""
+
+
+_ANCHOR = _Anchor()
+_after_forker_registered = False
+
+
+def exit_timeout() -> float:
+    """Seconds the process's end waits for delivery: TELEMETRY_EXIT_TIMEOUT, default 3."""
+    raw = os.environ.get(EXIT_TIMEOUT_ENV, "")
+    try:
+        return max(0.0, float(raw)) if raw else DEFAULT_EXIT_TIMEOUT
+    except ValueError:
+        return DEFAULT_EXIT_TIMEOUT
+
+
+def install_exit_hooks(drain: Drain) -> None:
+    """Run `drain(None)` (the default exit deadline) at every ending that runs Python code.
+
+    Called once per process, when the engine is created.
+    """
+    global _drain
+    _drain = drain
+    atexit.register(_drain_at_exit)
+    os.register_at_fork(before=_before_fork)
+    if "multiprocessing.util" in sys.modules:
+        _register_multiprocessing_finalizer()
+
+
+def _drain_at_exit() -> None:
+    if _drain is not None:
+        with contextlib.suppress(Exception):  # the process is ending; the drain logs its own problems
+            _drain(None)
+
+
+def _before_fork() -> None:
+    """In the parent, just before a fork: make sure a multiprocessing child re-registers its drain."""
+    if "multiprocessing.util" in sys.modules:
+        _register_after_forker()
+
+
+def _register_after_forker() -> None:
+    global _after_forker_registered
+    if _after_forker_registered:
+        return
+    import multiprocessing.util as mp_util
+
+    mp_util.register_after_fork(_ANCHOR, lambda _anchor: _register_multiprocessing_finalizer())
+    _after_forker_registered = True
+
+
+def _register_multiprocessing_finalizer() -> None:
+    """Register the drain with multiprocessing's exit path in this process (a child, or the main one)."""
+    import multiprocessing.util as mp_util
+
+    mp_util.Finalize(None, _drain_at_exit, exitpriority=FINALIZE_PRIORITY)
+    _register_after_forker()
+
+
+# ---- SIGTERM -------------------------------------------------------------------------
+
+
+def handle_sigterm(enabled: bool = True) -> None:
+    """Turn the SIGTERM drain on or off for this process (overrides TELEMETRY_HANDLE_SIGTERM).
+
+    Off: if our handler is installed and still in place, SIG_DFL is restored.
+    On: our handler is installed now if called from the main thread while SIGTERM's
+    handler is the default one; otherwise when the next logger is built.
+    """
+    global _sigterm_enabled, _sigterm_installed
+    with _sigterm_lock:
+        _sigterm_enabled = enabled
+        if enabled:
+            _sigterm_installed = False
+    if enabled:
+        maybe_install_sigterm_handler()
+        return
+    if threading.current_thread() is threading.main_thread():
+        try:
+            if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        except ValueError:  # not the main interpreter
+            pass
+
+
+def _sigterm_wanted() -> bool:
+    if _sigterm_enabled is not None:
+        return _sigterm_enabled
+    return os.environ.get(SIGTERM_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def maybe_install_sigterm_handler() -> None:
+    """Install the draining SIGTERM handler once, if wanted and SIGTERM still has its default handler.
+
+    Only the main thread of the main interpreter can set a handler; elsewhere this
+    does nothing (and tries again when the next logger is built). A handler the
+    application installed earlier is left alone.
+    """
+    global _sigterm_installed
+    if _sigterm_installed or threading.current_thread() is not threading.main_thread():
+        return
+    with _sigterm_lock:
+        if _sigterm_installed or not _sigterm_wanted():
+            return
+        try:
+            if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, _on_sigterm)
+        except ValueError:  # a subinterpreter cannot set handlers
+            return
+        _sigterm_installed = True  # decided once: a later SIG_DFL set by the application is its choice
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    """Drain within the exit deadline, then die of the signal as the default action would."""
+    if not _draining.is_set():
+        _draining.set()
+        if _drain is not None:
+            # The drain runs on its own thread: this handler interrupted the main thread,
+            # which may hold a channel lock; waiting here for that lock would never end.
+            timeout = exit_timeout()
+            worker = threading.Thread(target=_drain, args=(timeout,), name="telemetry-sigterm", daemon=True)
+            worker.start()
+            worker.join(timeout)
+    # A second SIGTERM while draining ends the process at once.
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+    os._exit(128 + signum)  # only reached if the signal could not be delivered

@@ -1,0 +1,295 @@
+"""Every way a training process ends delivers what it logged, checked against the real InfluxDB 1.6.7.
+
+Each case runs a real Python process (a script written to a temporary file) that
+logs through `MetricsLogger` and ends the way a user's process ends: return,
+sys.exit, an uncaught exception, multiprocessing children (fork, Pool, spawn,
+forkserver), SIGTERM. A long flush interval keeps the points buffered until
+that end, so it is the end that must deliver them. The stored counts are checked
+exactly: nothing lost, nothing sent twice.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from servers import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+DEADLINE = 120  # seconds a child may take on a loaded machine; no test asserts timings
+
+HEADER = """
+import os, signal, sys, time
+import multiprocessing as mp
+import telemetry_client
+from telemetry_client import BufferSettings, MetricsLogger
+
+URL, DB = sys.argv[1], sys.argv[2]
+
+
+def make_logger():
+    # flush_interval 30 s: nothing leaves before the process ends (fewer points than a batch).
+    return MetricsLogger(
+        url=URL, database=DB, api_version=1, self_metrics_interval=None,
+        buffer=BufferSettings(flush_interval=30.0),
+    )
+
+
+def log_points(logger, who, count):
+    for i in range(count):
+        logger.log("life", tags={"who": who}, fields={"i": i})
+"""
+
+
+def run_child(tmp_path: Path, body: str, url: str, database: str, env: dict | None = None, **popen) -> subprocess.Popen:
+    script = tmp_path / "child.py"
+    script.write_text(HEADER + textwrap.dedent(body))
+    child_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    child_env.pop("TELEMETRY_HANDLE_SIGTERM", None)
+    child_env.update(env or {})
+    return subprocess.Popen(
+        [sys.executable, str(script), url, database],
+        env=child_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
+
+
+def finish(process: subprocess.Popen) -> tuple[int, str, str]:
+    try:
+        out, err = process.communicate(timeout=DEADLINE)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        pytest.fail(f"the process did not end within {DEADLINE} s: {err[-2000:]}")
+    return process.returncode, out, err
+
+
+def stored(server, database: str) -> dict[str, int]:
+    rows = server.rows('SELECT count("i") FROM "life" GROUP BY "who"', database)
+    return {row["who"]: row["count"] for row in rows}
+
+
+def wait_ready(process: subprocess.Popen) -> str:
+    """The child's first stdout line, written once its points are queued."""
+    line = process.stdout.readline()
+    if not line:
+        _, _, err = finish(process)
+        pytest.fail(f"the child ended before it was ready: {err[-2000:]}")
+    return line.strip()
+
+
+# ---- ordinary ends: atexit ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ending", "expected_status"),
+    [("pass", 0), ("sys.exit(5)", 5), ("raise RuntimeError('training failed')", 1)],
+)
+def test_return_sys_exit_and_uncaught_exception_deliver(influx_db, tmp_path, ending, expected_status):
+    server, database = influx_db
+    body = f"""
+    logger = make_logger()
+    log_points(logger, "main", 3000)
+    assert logger.stats()["pending"] == 3000
+    {ending}
+    """
+    status, _, err = finish(run_child(tmp_path, body, server.url, database))
+    assert status == expected_status, err
+    assert stored(server, database) == {"main": 3000}
+
+
+# ---- multiprocessing children -----------------------------------------------------------
+
+
+def test_fork_process_children_deliver_and_nothing_is_sent_twice(influx_db, tmp_path):
+    server, database = influx_db
+    body = """
+    logger = make_logger()
+
+    def work(k):
+        assert logger.stats()["pending"] == 0  # the parent's points stay the parent's
+        log_points(logger, f"child{k}", 2000)
+
+    if __name__ == "__main__":
+        ctx = mp.get_context("fork")
+        log_points(logger, "parent", 100)  # buffered at the time of the forks
+        children = [ctx.Process(target=work, args=(k,)) for k in range(2)]
+        for child in children:
+            child.start()
+        for child in children:
+            child.join()
+        assert [child.exitcode for child in children] == [0, 0], [child.exitcode for child in children]
+    """
+    status, _, err = finish(run_child(tmp_path, body, server.url, database))
+    assert status == 0, err
+    assert stored(server, database) == {"parent": 100, "child0": 2000, "child1": 2000}
+
+
+@pytest.mark.parametrize("ending", ["close", "with"])
+def test_fork_pool_workers_deliver(influx_db, tmp_path, ending):
+    """`close(); join()` ends the workers by a sentinel; leaving `with Pool()` calls terminate() (SIGTERM)."""
+    server, database = influx_db
+    run_pool = (
+        "pool = ctx.Pool(2)\n        pool.map(work, range(8))\n        pool.close()\n        pool.join()"
+        if ending == "close"
+        else "with ctx.Pool(2) as pool:\n            pool.map(work, range(8))"
+    )
+    body = f"""
+    logger = make_logger()
+
+    def work(k):
+        log_points(logger, f"task{{k}}", 500)
+
+    if __name__ == "__main__":
+        ctx = mp.get_context("fork")
+        {run_pool}
+    """
+    status, _, err = finish(run_child(tmp_path, body, server.url, database))
+    assert status == 0, err
+    assert stored(server, database) == {f"task{k}": 500 for k in range(8)}
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_spawn_and_forkserver_children_with_their_own_logger_deliver(influx_db, tmp_path, method):
+    server, database = influx_db
+    body = f"""
+    def work(k):
+        logger = make_logger()
+        log_points(logger, f"child{{k}}", 1500)
+
+    if __name__ == "__main__":
+        ctx = mp.get_context("{method}")
+        children = [ctx.Process(target=work, args=(k,)) for k in range(2)]
+        for child in children:
+            child.start()
+        for child in children:
+            child.join()
+        assert [child.exitcode for child in children] == [0, 0], [child.exitcode for child in children]
+    """
+    status, _, err = finish(run_child(tmp_path, body, server.url, database))
+    assert status == 0, err
+    assert stored(server, database) == {"child0": 1500, "child1": 1500}
+
+
+# ---- SIGTERM ----------------------------------------------------------------------------
+
+SIGTERM_BODY = """
+logger = make_logger()
+log_points(logger, "main", 3000)
+print(logger.stats()["pending"], signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_sigterm_drains_and_dies_of_the_signal(influx_db, tmp_path):
+    server, database = influx_db
+    process = run_child(tmp_path, SIGTERM_BODY, server.url, database)
+    assert wait_ready(process) == "3000 False"  # points pending, our handler in place
+    process.send_signal(signal.SIGTERM)
+    status, _, err = finish(process)
+    assert status == -signal.SIGTERM, err
+    assert stored(server, database) == {"main": 3000}
+
+
+@pytest.mark.parametrize("switch", ["env", "function"])
+def test_sigterm_switched_off_keeps_the_default_action(influx_db, tmp_path, switch):
+    server, database = influx_db
+    body = SIGTERM_BODY
+    env = None
+    if switch == "env":
+        env = {"TELEMETRY_HANDLE_SIGTERM": "0"}
+    else:
+        body = "telemetry_client.handle_sigterm(False)\n" + SIGTERM_BODY
+    process = run_child(tmp_path, body, server.url, database, env)
+    assert wait_ready(process) == "3000 True"
+    process.send_signal(signal.SIGTERM)
+    status, _, err = finish(process)
+    assert status == -signal.SIGTERM, err
+    assert stored(server, database) == {}  # the default action: the pending points are lost
+
+
+def test_application_handler_installed_later_calls_shutdown(influx_db, tmp_path):
+    server, database = influx_db
+    body = """
+    logger = make_logger()
+
+    def on_term(signum, frame):
+        left = telemetry_client.shutdown(30)
+        print("left", left, logger.stats()["sent"], flush=True)
+        sys.exit(3)
+
+    signal.signal(signal.SIGTERM, on_term)  # replaces the library's handler
+    log_points(logger, "main", 3000)
+    print("ready", flush=True)
+    while True:
+        time.sleep(0.05)
+    """
+    process = run_child(tmp_path, body, server.url, database)
+    assert wait_ready(process) == "ready"
+    process.send_signal(signal.SIGTERM)
+    status, out, err = finish(process)
+    assert status == 3, err
+    assert out.split() == ["left", "0", "3000"]
+    assert stored(server, database) == {"main": 3000}
+
+
+def test_application_handler_installed_earlier_is_left_alone(influx_db, tmp_path):
+    server, database = influx_db
+    body = """
+    def on_term(signum, frame):
+        sys.exit(4)  # runs atexit: the library drains there
+
+    signal.signal(signal.SIGTERM, on_term)
+    logger = make_logger()
+    log_points(logger, "main", 3000)
+    print(signal.getsignal(signal.SIGTERM) is on_term, flush=True)
+    while True:
+        time.sleep(0.05)
+    """
+    process = run_child(tmp_path, body, server.url, database)
+    assert wait_ready(process) == "True"
+    process.send_signal(signal.SIGTERM)
+    status, _, err = finish(process)
+    assert status == 4, err
+    assert stored(server, database) == {"main": 3000}
+
+
+# ---- server down at exit ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ending", ["return", "sigterm"])
+def test_server_down_at_exit_ends_the_process_and_counts_the_loss(tmp_path, ending):
+    """Nothing listens on the port: the process still ends (within the exit deadline) and says what it lost."""
+    url = f"http://127.0.0.1:{free_port()}"
+    body = """
+    import atexit
+
+    # Registered before the logger exists, so it runs after the library's exit drain.
+    atexit.register(lambda: print("dropped", logger.stats()["dropped_by_reason"], flush=True))
+    logger = make_logger()
+    log_points(logger, "main", 3000)
+    if sys.argv[3] == "sigterm":
+        print("ready", flush=True)
+        while True:
+            time.sleep(0.05)
+    """
+    script_args = {"env": {"TELEMETRY_EXIT_TIMEOUT": "1"}}
+    process = run_child(tmp_path, body.replace("sys.argv[3]", repr(ending)), url, "db", **script_args)
+    if ending == "sigterm":
+        assert wait_ready(process) == "ready"
+        process.send_signal(signal.SIGTERM)
+        status, _, err = finish(process)
+        assert status == -signal.SIGTERM, err
+    else:
+        status, out, err = finish(process)
+        assert status == 0, err
+        assert out.strip() == "dropped {'shutdown': 3000}"
