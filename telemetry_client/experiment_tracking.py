@@ -102,13 +102,18 @@ def _normalise_version(version: str) -> str:
     return text
 
 
-def _resolve_mode(mode: str | None) -> str:
+def resolve_mode(mode: str | None = None) -> str:
     """Explicit argument first, then W&B's own WANDB_MODE, then online."""
     chosen = mode if mode is not None else os.environ.get("WANDB_MODE") or "online"
     resolved = _MODE_ALIASES.get(chosen.strip().lower())
     if resolved is None:
         raise ValueError(f"unknown W&B mode {chosen!r}; use online, offline or disabled")
     return resolved
+
+
+def wandb_directory(wandb_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Where runs and run-id files live: the argument, else WANDB_DIR, else ./wandb."""
+    return Path(wandb_dir or os.environ.get("WANDB_DIR") or Path.cwd() / "wandb")
 
 
 def _config_to_dict(config: Any) -> dict[str, Any]:
@@ -440,7 +445,7 @@ def initialize_wandb(
     """
     wandb = _import_wandb()
     run_version = _normalise_version(version if version is not None else _package_version())
-    run_mode = _resolve_mode(mode)
+    run_mode = resolve_mode(mode)
     config_dict = _config_to_dict(config)
     run_project = _resolve_project(project, config_dict)
     run_entity = entity or os.environ.get("WANDB_ENTITY") or None
@@ -463,7 +468,7 @@ def initialize_wandb(
         _define_metrics(run, run_version)
         return VersionedRun(run, run_version)
 
-    directory = Path(wandb_dir or os.environ.get("WANDB_DIR") or Path.cwd() / "wandb")
+    directory = wandb_directory(wandb_dir)
     directory.mkdir(parents=True, exist_ok=True)
     id_path = run_id_file(directory, run_prefix, uid)
     state_path = _state_file(directory, run_prefix, uid)

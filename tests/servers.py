@@ -110,8 +110,12 @@ class InfluxV1:
 
 
 @contextmanager
-def influxdb_v1() -> Iterator[InfluxV1]:
-    """Start influxd (Debian's InfluxDB 1.6.7) on free loopback ports."""
+def influxdb_v1(auth_enabled: bool = False) -> Iterator[InfluxV1]:
+    """Start influxd (Debian's InfluxDB 1.6.7) on free loopback ports.
+
+    With `auth_enabled`, the server checks credentials; the first user must be
+    created as an admin (`CREATE USER ... WITH ALL PRIVILEGES`) without credentials.
+    """
     binary = require_binary("influxd")
     with tempfile.TemporaryDirectory(prefix="influxd-") as tmp:
         root = Path(tmp)
@@ -132,6 +136,7 @@ bind-address = "127.0.0.1:{rpc_port}"
   bind-address = "127.0.0.1:{http_port}"
   log-enabled = false
   max-body-size = 0
+  auth-enabled = {str(auth_enabled).lower()}
 [continuous_queries]
   enabled = false
 """

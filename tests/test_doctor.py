@@ -1,0 +1,513 @@
+"""The doctor against real servers: InfluxDB 1.6.7 (with auth), VictoriaMetrics, the Loki receiver,
+TLS certificates that fail in each way, a refused port and servers whose clock is off.
+
+Each case checks the verdict and that the fix sentence names the setting to change,
+and the servers are asked afterwards what they stored: nothing, unless --send-test.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import datetime as dt
+import email.utils
+import ipaddress
+import json
+import ssl
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from fault_server import fault_server
+from loki_receiver import LokiReceiver
+from servers import free_port, influxdb_v1
+
+from telemetry_client.doctor_report import Status
+from telemetry_client.doctor_server import (
+    Endpoint,
+    authorisation_probe,
+    clock_check,
+    influx_authorisation,
+    loki_authorisation,
+    loki_limits,
+    reachability,
+    tls_check,
+)
+
+# ---- servers ---------------------------------------------------------------------------
+
+NODE = ("node", "node-password-1")
+READER = ("reader", "reader-password-1")
+ADMIN = ("admin", "admin-password-1")
+
+
+def _basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def _influx_query(url: str, q: str, auth: tuple[str, str] = ADMIN, db: str | None = None) -> dict:
+    params = {"q": q, **({"db": db} if db else {})}
+    request = urllib.request.Request(
+        f"{url}/query", data=urllib.parse.urlencode(params).encode(), headers=_basic(*auth)
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+@pytest.fixture(scope="module")
+def influx_auth() -> Iterator[str]:
+    """InfluxDB 1.6.7 with auth-enabled: an admin, a node user that may only write, a reader that may only read."""
+    with influxdb_v1(auth_enabled=True) as server:
+        first = urllib.request.Request(
+            f"{server.url}/query",
+            data=urllib.parse.urlencode(
+                {"q": f"CREATE USER {ADMIN[0]} WITH PASSWORD '{ADMIN[1]}' WITH ALL PRIVILEGES"}
+            ).encode(),
+        )
+        urllib.request.urlopen(first, timeout=30).close()
+        for statement in (
+            "CREATE DATABASE telemetry",
+            f"CREATE USER {NODE[0]} WITH PASSWORD '{NODE[1]}'",
+            f"GRANT WRITE ON telemetry TO {NODE[0]}",
+            f"CREATE USER {READER[0]} WITH PASSWORD '{READER[1]}'",
+            f"GRANT READ ON telemetry TO {READER[0]}",
+        ):
+            _influx_query(server.url, statement)
+        yield server.url
+
+
+def _stored_series(url: str) -> list:
+    result = _influx_query(url, "SHOW SERIES", db="telemetry")["results"][0]
+    return result.get("series", [])
+
+
+def _influx_v1(url: str, auth: tuple[str, str] | None, database: str = "telemetry") -> Endpoint:
+    return Endpoint(
+        "InfluxDB",
+        f"{url}/write?{urllib.parse.urlencode({'db': database, 'precision': 'n'})}",
+        _basic(*auth) if auth else {},
+        api_version=1,
+        database=database,
+        url_setting="INFLUXDB_URL",
+        credential_setting="INFLUXDB_USERNAME/INFLUXDB_PASSWORD",
+        verify_setting="INFLUXDB_VERIFY_TLS",
+    )
+
+
+def _influx_v2(url: str, token: str | None = "t0ken") -> Endpoint:
+    return Endpoint(
+        "InfluxDB",
+        f"{url}/api/v2/write?org=telemetry&bucket=telemetry&precision=ns",
+        {"Authorization": f"Token {token}"} if token else {},
+        api_version=2,
+        database="telemetry",
+        org="telemetry",
+        url_setting="INFLUXDB_URL",
+        credential_setting="INFLUXDB_TOKEN",
+        verify_setting="INFLUXDB_VERIFY_TLS",
+    )
+
+
+def _loki(url: str, headers: dict[str, str] | None = None) -> Endpoint:
+    return Endpoint(
+        "Loki",
+        url.rstrip("/") + "/loki/api/v1/push",
+        headers or {},
+        url_setting="LOKI_URL",
+        credential_setting="LOKI_USERNAME/LOKI_PASSWORD or LOKI_BEARER_TOKEN",
+        verify_setting="verify_tls",
+    )
+
+
+# ---- authorisation without writing ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("auth", "status", "setting", "answer"),
+    [
+        (NODE, Status.OK, None, 204),
+        (None, Status.FAIL, "INFLUXDB_USERNAME/INFLUXDB_PASSWORD", 401),
+        ((NODE[0], "wrong"), Status.FAIL, "INFLUXDB_USERNAME/INFLUXDB_PASSWORD", 401),
+        (READER, Status.FAIL, "INFLUXDB_USERNAME/INFLUXDB_PASSWORD", 403),
+    ],
+    ids=["write-user", "no-credentials", "wrong-password", "read-only-user"],
+)
+def test_influxdb_1x_credentials_are_judged_by_an_empty_write(influx_auth, auth, status, setting, answer):
+    endpoint = _influx_v1(influx_auth, auth)
+    result = authorisation_probe(endpoint)
+    check = influx_authorisation(endpoint, result)
+    assert result.status == answer
+    assert check.status is status, check
+    assert reachability(endpoint, result).status is Status.OK
+    if setting:
+        assert setting in check.fix
+    assert _stored_series(influx_auth) == []  # the empty write stored nothing
+
+
+def test_influxdb_1x_missing_credentials_and_wrong_password_are_told_apart(influx_auth):
+    missing = influx_authorisation(_influx_v1(influx_auth, None), authorisation_probe(_influx_v1(influx_auth, None)))
+    wrong_endpoint = _influx_v1(influx_auth, (NODE[0], "wrong"))
+    wrong = influx_authorisation(wrong_endpoint, authorisation_probe(wrong_endpoint))
+    assert "no credentials were sent" in missing.evidence
+    assert "refused" in wrong.evidence
+    assert "wrong" not in json.dumps(wrong.as_dict())  # the password is never shown
+
+
+def test_influxdb_1x_unknown_database_names_the_database_setting(influx_auth):
+    endpoint = _influx_v1(influx_auth, NODE, database="nope")
+    check = influx_authorisation(endpoint, authorisation_probe(endpoint))
+    assert check.status is Status.FAIL
+    assert "INFLUXDB_DATABASE" in check.fix
+    assert "database not found" in check.evidence
+
+
+def test_influxdb_1x_asked_for_api_v2_says_to_use_api_version_1(influx_auth):
+    endpoint = _influx_v2(influx_auth)
+    check = influx_authorisation(endpoint, authorisation_probe(endpoint))
+    assert check.status is Status.FAIL
+    assert "INFLUXDB_API_VERSION=1" in check.fix
+
+
+def test_victoria_metrics_v2_write_is_accepted_and_stores_nothing(victoria_server):
+    endpoint = _influx_v2(victoria_server.url)
+    result = authorisation_probe(endpoint)
+    check = influx_authorisation(endpoint, result)
+    assert result.status == 204
+    assert check.status is Status.OK
+    assert "does not say whether it checked the credentials" in check.evidence
+    victoria_server.flush()
+    assert victoria_server.export('{__name__=~".+"}') == []
+
+
+def test_an_influxdb_2x_style_answer_reads_as_authorised():
+    """InfluxDB 2.x checks the token's write permission before it refuses the empty body (write_handler.go)."""
+    body = b'{"code":"invalid","message":"writing requires points"}'
+    with fault_server() as server:
+        from fault_server import Reply
+
+        server.then(Reply(400, body=body))
+        endpoint = _influx_v2(server.url)
+        check = influx_authorisation(endpoint, authorisation_probe(endpoint))
+        assert check.status is Status.OK
+        server.then(Reply(403, body=b'{"code":"forbidden","message":"insufficient permissions for write"}'))
+        check = influx_authorisation(endpoint, authorisation_probe(endpoint))
+        assert check.status is Status.FAIL
+        assert "INFLUXDB_TOKEN" in check.fix
+        assert server.lines == []
+
+
+def test_loki_empty_push_proves_credentials_without_storing():
+    with LokiReceiver(basic_auth=("node", "secret-pw")) as receiver:
+        good = _loki(receiver.base_url, _basic("node", "secret-pw"))
+        result = authorisation_probe(good)
+        assert result.status == 422
+        assert loki_authorisation(good, result).status is Status.OK
+        bad = _loki(receiver.base_url, _basic("node", "nope"))
+        check = loki_authorisation(bad, authorisation_probe(bad))
+        assert check.status is Status.FAIL
+        assert "LOKI_USERNAME/LOKI_PASSWORD" in check.fix
+        missing = loki_authorisation(_loki(receiver.base_url), authorisation_probe(_loki(receiver.base_url)))
+        assert "no credentials were sent" in missing.evidence
+        assert receiver.count() == 0
+
+
+def test_loki_without_tenant_names_the_tenant_setting():
+    with LokiReceiver(require_tenant=True) as receiver:
+        endpoint = _loki(receiver.base_url)
+        check = loki_authorisation(endpoint, authorisation_probe(endpoint))
+        assert check.status is Status.FAIL
+        assert "LOKI_TENANT_ID" in check.fix
+        with_tenant = _loki(receiver.base_url, {"X-Scope-OrgID": "fleet"})
+        assert loki_authorisation(with_tenant, authorisation_probe(with_tenant)).status is Status.OK
+        assert receiver.count() == 0
+
+
+def test_loki_url_pointing_elsewhere_is_a_404_naming_loki_url(influx_auth):
+    endpoint = _loki(influx_auth)  # InfluxDB has no /loki/api/v1/push
+    check = loki_authorisation(endpoint, authorisation_probe(endpoint))
+    assert check.status is Status.FAIL
+    assert "LOKI_URL" in check.fix
+
+
+# ---- reachability ------------------------------------------------------------------------
+
+
+def test_a_refused_port_fails_reachability_naming_the_url_setting():
+    port = free_port()  # nothing listens there
+    endpoint = _influx_v2(f"http://127.0.0.1:{port}")
+    result = authorisation_probe(endpoint)
+    check = reachability(endpoint, result)
+    assert result.failed_step == "tcp"
+    assert check.status is Status.FAIL
+    assert "connection refused" in check.evidence
+    assert "INFLUXDB_URL" in check.fix
+    assert set(check.details["steps_ms"]) == {"dns", "tcp"}
+    assert influx_authorisation(endpoint, result) is None  # no answer, no authorisation verdict
+
+
+def test_a_name_that_does_not_resolve_fails_at_dns():
+    endpoint = _loki("http://no-such-host.invalid:3100")
+    result = authorisation_probe(endpoint)
+    check = reachability(endpoint, result)
+    assert result.failed_step == "dns"
+    assert check.status is Status.FAIL
+    assert "LOKI_URL" in check.fix
+
+
+def test_every_step_is_timed_on_success(victoria_server):
+    endpoint = _influx_v2(victoria_server.url)
+    check = reachability(endpoint, authorisation_probe(endpoint))
+    assert check.status is Status.OK
+    assert list(check.details["steps_ms"]) == ["dns", "tcp", "http"]
+    assert all(ms >= 0 for ms in check.details["steps_ms"].values())
+
+
+# ---- TLS ---------------------------------------------------------------------------------
+
+
+def _key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A test CA, and certificates signed by it: good, expired, for another name; plus a self-signed one."""
+    folder = tmp_path_factory.mktemp("doctor-tls")
+    now = dt.datetime.now(dt.UTC)
+    ca_key = _key()
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(_name("doctor test CA"))
+        .issuer_name(_name("doctor test CA"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(days=30))
+        .not_valid_after(now + dt.timedelta(days=30))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    paths = {"ca": folder / "ca.pem"}
+    paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+
+    def leaf(label: str, san: x509.GeneralName, before: dt.datetime, after: dt.datetime, self_signed: bool = False):
+        key = _key()
+        issuer_key, issuer = (key, _name("self-signed doctor test")) if self_signed else (ca_key, ca.subject)
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(_name(f"doctor {label}") if not self_signed else issuer)
+            .issuer_name(issuer)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(before)
+            .not_valid_after(after)
+            .add_extension(x509.SubjectAlternativeName([san]), critical=False)
+            .sign(issuer_key, hashes.SHA256())
+        )
+        paths[f"{label}.crt"] = folder / f"{label}.crt"
+        paths[f"{label}.key"] = folder / f"{label}.key"
+        paths[f"{label}.crt"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        paths[f"{label}.key"].write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
+
+    loopback = x509.IPAddress(ipaddress.ip_address("127.0.0.1"))
+    leaf("good", loopback, now - dt.timedelta(days=1), now + dt.timedelta(days=90))
+    leaf("soon", loopback, now - dt.timedelta(days=80), now + dt.timedelta(days=5))
+    leaf("expired", loopback, now - dt.timedelta(days=20), now - dt.timedelta(days=2))
+    leaf("wrongname", x509.DNSName("influx.example.org"), now - dt.timedelta(days=1), now + dt.timedelta(days=90))
+    leaf("selfsigned", loopback, now - dt.timedelta(days=1), now + dt.timedelta(days=90), self_signed=True)
+    return paths
+
+
+@contextlib.contextmanager
+def _https(pki: dict[str, Path], label: str) -> Iterator[str]:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(pki[f"{label}.crt"], pki[f"{label}.key"])
+    with fault_server(tls=context) as server:
+        yield server.url
+
+
+def _tls_verdicts(url: str, ca: Path | None) -> tuple:
+    endpoint = _influx_v2(url)
+    endpoint.ca_certs = str(ca) if ca else None
+    result = authorisation_probe(endpoint)
+    return result, reachability(endpoint, result), tls_check(endpoint, result)
+
+
+def test_a_trusted_certificate_shows_its_names_expiry_and_ca(pki):
+    with _https(pki, "good") as url:
+        _, reach, tls = _tls_verdicts(url, pki["ca"])
+    assert reach.status is Status.OK and tls.status is Status.OK
+    assert "tls" in reach.details["steps_ms"]
+    assert "127.0.0.1" in tls.details["names"]
+    assert str(pki["ca"]) in tls.details["trust"]
+    assert tls.details["not_after"]
+
+
+def test_an_expired_certificate_fails_with_its_date(pki):
+    with _https(pki, "expired") as url:
+        _, reach, tls = _tls_verdicts(url, pki["ca"])
+    assert reach.status is Status.FAIL and tls.status is Status.FAIL
+    assert "expired" in tls.evidence
+    assert "renew" in tls.fix and "INFLUXDB_VERIFY_TLS" in tls.fix
+
+
+def test_a_certificate_for_another_name_says_which_names_it_has(pki):
+    with _https(pki, "wrongname") as url:
+        _, _, tls = _tls_verdicts(url, pki["ca"])
+    assert tls.status is Status.FAIL
+    assert "influx.example.org" in tls.fix and "INFLUXDB_URL" in tls.fix
+
+
+def test_a_certificate_from_an_unknown_ca_says_how_to_trust_it(pki):
+    with _https(pki, "selfsigned") as url:
+        _, _, tls = _tls_verdicts(url, None)
+    assert tls.status is Status.FAIL
+    assert "system trust store" in tls.evidence
+    assert "ca_certs=" in tls.fix and "SSL_CERT_FILE" in tls.fix
+
+
+def test_a_certificate_close_to_expiry_is_a_warning(pki):
+    with _https(pki, "soon") as url:
+        _, reach, tls = _tls_verdicts(url, pki["ca"])
+    assert reach.status is Status.OK
+    assert tls.status is Status.WARN
+    assert "expires in" in tls.evidence
+
+
+def test_plain_http_on_an_https_url_says_to_use_http(victoria_server):
+    endpoint = _influx_v2(victoria_server.url.replace("http://", "https://"))
+    check = reachability(endpoint, authorisation_probe(endpoint))
+    assert check.status is Status.FAIL
+    assert "http://" in check.fix and "INFLUXDB_URL" in check.fix
+
+
+# ---- clock -----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def skewed_server(offset_s: float, config_yaml: str | None = None) -> Iterator[str]:
+    """A tiny HTTP server whose `Date` header is `offset_s` off; it answers every POST 204 and GET /config."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def date_time_string(self, timestamp: float | None = None) -> str:
+            return email.utils.formatdate(time.time() + offset_s, usegmt=True)
+
+        def _reply(self, status: int, body: bytes = b"") -> None:
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self._reply(204)
+
+        def do_GET(self) -> None:
+            if self.path == "/config" and config_yaml is not None:
+                self._reply(200, config_yaml.encode())
+            else:
+                self._reply(404, b"404 page not found\n")
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("server_offset", "status", "words"),
+    [
+        (0, Status.OK, "accepts lines"),
+        (-20 * 60, Status.FAIL, "timestamp too new"),  # the node is 20 min ahead: past the 10 min grace
+        (8 * 86400, Status.FAIL, "timestamp too old"),  # the node is 8 days behind: past the 7 day max age
+        (-5 * 60, Status.WARN, "short of being refused"),
+    ],
+    ids=["in-sync", "node-ahead", "node-behind", "drifting"],
+)
+def test_clock_skew_against_loki_says_what_it_costs(server_offset, status, words):
+    with skewed_server(server_offset) as url:
+        endpoint = _loki(url)
+        result = authorisation_probe(endpoint)
+    check = clock_check(endpoint, result)
+    assert check.status is status, check
+    assert words in check.evidence
+    if status is not Status.OK:
+        assert "NTP" in check.fix
+    assert abs(check.details["server_minus_node_seconds"] - server_offset) < 3
+
+
+def test_clock_skew_against_influxdb_is_a_warning_only():
+    with skewed_server(-600) as url:
+        endpoint = _influx_v2(url)
+        check = clock_check(endpoint, authorisation_probe(endpoint))
+    assert check.status is Status.WARN
+    assert "drawn 10 min off" in check.evidence
+
+
+def test_the_server_own_grace_period_is_used_when_it_shows_its_config():
+    with skewed_server(-20 * 60) as url:  # node 20 min ahead
+        endpoint = _loki(url)
+        result = authorisation_probe(endpoint)
+    relaxed = {"creation_grace_period": "1h", "reject_old_samples": "true", "reject_old_samples_max_age": "168h"}
+    assert clock_check(endpoint, result, relaxed).status is Status.WARN
+
+
+# ---- limits ------------------------------------------------------------------------------
+
+LOKI_CONFIG = """\
+server:
+  http_listen_port: 3100
+limits_config:
+  ingestion_rate_mb: 16
+  ingestion_burst_size_mb: 32
+  max_line_size: 100KB
+  creation_grace_period: 30m
+  per_stream_rate_limit: 8MB
+schema_config:
+  configs: []
+"""
+
+
+def test_limits_from_the_server_config_are_compared_with_the_node_settings():
+    with skewed_server(0, LOKI_CONFIG) as url:
+        check, limits = loki_limits(_loki(url), node_max_line_bytes=256_000, node_batch_bytes=1 << 20)
+    assert check.status is Status.WARN
+    assert limits["max_line_size"] == "100KB" and limits["creation_grace_period"] == "30m"
+    assert limits["reject_old_samples_max_age"] == "7d"  # not shown: the default
+    assert "max_line_bytes=100000" in check.fix
+    assert check.details["source"] == "server"
+
+
+def test_limits_fall_back_to_loki_defaults_when_config_is_hidden():
+    with LokiReceiver() as receiver:
+        check, limits = loki_limits(_loki(receiver.base_url), node_max_line_bytes=256_000, node_batch_bytes=1 << 20)
+    assert check.status is Status.OK
+    assert check.details["source"] == "defaults"
+    assert "documented defaults" in check.evidence
+    assert limits["max_line_size"] == "256KB"
