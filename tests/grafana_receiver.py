@@ -23,7 +23,18 @@ receiver, which follows Grafana's documented request and response format:
   (Grafana's Loki backend fills in `$__auto`, `$__interval` and `$__range`); the
   same evaluator serves Loki's own query API (`/loki/api/v1/query_range`,
   `/loki/api/v1/query`, `/loki/api/v1/label/<name>/values`), so the simulator's
-  direct Loki path is tested too.
+  direct Loki path is tested too;
+* what `make doctor` reads, each behind the same authentication:
+  `GET /api/datasources/uid/<uid>/health` (grafana/grafana `pkg/api/api.go` routes it to
+  `CheckDatasourceHealthWithUID`, `pkg/api/datasources.go`: 200 `{"status": "OK",
+  "message"}` when the plugin's CheckHealth passes, 400 `{"status": "ERROR", "message"}`
+  when it fails, 500 `{"message": "Unable to load datasource metadata"}` for an unknown
+  uid); the InfluxDB source's check runs `SHOW MEASUREMENTS` on its database, the Loki
+  source's check reaches the receiver (the messages are this receiver's own);
+  `GET /api/search` (the provisioned dashboards: `uid`, `title`, `type: "dash-db"`,
+  `folderUid`; `type=`/`query=` filter them) and `GET /api/v1/provisioning/alert-rules`
+  (the provisioned rules as given, a JSON array), as Grafana's HTTP API reference
+  (docs/sources/developers/http_api/) describes them.
 """
 
 from __future__ import annotations
@@ -56,6 +67,8 @@ class InfluxSource:
     database: str
     min_interval: timedelta = timedelta(seconds=10)
     type: str = "influxdb"
+    # Sent with every query, as the provisioned httpHeaderName1/httpHeaderValue1 (the read token) are.
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -93,12 +106,16 @@ class GrafanaReceiver:
         *,
         token: str | None = None,
         basic_auth: tuple[str, str] | None = None,
+        dashboards: list[dict[str, Any]] | None = None,
+        alert_rules: list[dict[str, Any]] | None = None,
     ) -> None:
         if not token and not basic_auth:
             raise ValueError("a Grafana receiver needs credentials (token or basic_auth), as Grafana does")
         self.datasources = datasources
         self.token = token
         self.basic_auth = basic_auth
+        self.dashboards = list(dashboards or [])
+        self.alert_rules = list(alert_rules or [])
         self._state = _State()
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -245,6 +262,37 @@ class GrafanaReceiver:
             self._state.queries.append(SeenQuery("", "loki-api", params.get("query", ""), params.get("query", ""), 200))
         return 200, {"status": "success", "data": data}
 
+    def datasource_health(self, uid: str) -> tuple[int, dict[str, Any]]:
+        """`GET /api/datasources/uid/<uid>/health`: run the source's own check, as Grafana's plugins do."""
+        source = self.datasources.get(uid)
+        if source is None:
+            return 500, {"message": "Unable to load datasource metadata"}
+        if isinstance(source, LokiSource):
+            try:
+                urllib.request.urlopen(source.receiver.base_url + "/loki/api/v1/push", timeout=10).close()
+            except urllib.error.HTTPError:
+                pass  # it answered: the push endpoint refuses a GET
+            except (urllib.error.URLError, OSError) as exc:
+                return 400, {"status": "ERROR", "message": f"Unable to connect with Loki: {exc}"}
+            return 200, {"status": "OK", "message": "Data source successfully connected."}
+        try:
+            results = influx_query(source, "SHOW MEASUREMENTS")
+        except RuntimeError as exc:
+            return 400, {"status": "ERROR", "message": f"error performing influxQL query: {exc}"}
+        count = sum(len(s.get("values", [])) for r in results for s in r.get("series", []))
+        return 200, {"status": "OK", "message": f"datasource is working. {count} measurements found"}
+
+    def search(self, params: dict[str, str]) -> list[dict[str, Any]]:
+        """`GET /api/search`: the provisioned dashboards (`type=dash-db` and `query=` narrow it)."""
+        if params.get("type", "dash-db") != "dash-db":
+            return []
+        wanted = params.get("query", "").lower()
+        return [
+            {"uid": d.get("uid"), "title": d.get("title"), "type": "dash-db", "folderUid": d.get("folderUid", "")}
+            for d in self.dashboards
+            if wanted in str(d.get("title", "")).lower()
+        ]
+
     def _error(self, ref_id: str, uid: str, raw: str, executed: str, message: str) -> dict[str, Any]:
         with self._lock:
             self._state.queries.append(SeenQuery(ref_id, uid, raw, executed, 400))
@@ -265,8 +313,9 @@ def parse_time(value: Any) -> datetime:
 
 def influx_query(source: InfluxSource, text: str) -> list[dict[str, Any]]:
     data = urllib.parse.urlencode({"db": source.database, "q": text, "epoch": "ms"}).encode()
+    request = urllib.request.Request(f"{source.url}/query", data=data, headers=dict(source.headers))
     try:
-        with urllib.request.urlopen(f"{source.url}/query", data=data, timeout=60) as response:
+        with urllib.request.urlopen(request, timeout=60) as response:
             payload = json.loads(response.read())
     except urllib.error.HTTPError as exc:
         raise RuntimeError(exc.read().decode("utf-8", "replace").strip()) from None
@@ -367,6 +416,19 @@ class _Handler(BaseHTTPRequestHandler):
         parsed = urllib.parse.urlsplit(self.path)
         if parsed.path == "/api/health":
             self._send(200, {"database": "ok", "version": "13.2.1"})
+        elif parsed.path.startswith(("/api/datasources/", "/api/search", "/api/v1/provisioning/")):
+            if not receiver.authorized(self.headers.get("Authorization", "")):
+                self._send(401, {"message": "Unauthorized"})
+                return
+            health = re.fullmatch(r"/api/datasources/uid/([^/]+)/health", parsed.path)
+            if health:
+                self._send(*receiver.datasource_health(urllib.parse.unquote(health.group(1))))
+            elif parsed.path == "/api/search":
+                self._send(200, receiver.search(dict(urllib.parse.parse_qsl(parsed.query))))
+            elif parsed.path == "/api/v1/provisioning/alert-rules":
+                self._send(200, receiver.alert_rules)
+            else:
+                self._send(404, {"message": "Not found"})
         elif parsed.path.startswith("/loki/api/v1/"):
             params = dict(urllib.parse.parse_qsl(parsed.query))
             status, payload = receiver.loki_api(parsed.path, params)

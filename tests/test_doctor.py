@@ -27,7 +27,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from fault_server import fault_server
+from fault_server import Reply, fault_server
+from grafana_receiver import GrafanaReceiver, InfluxSource, LokiSource
 from loki_receiver import LokiReceiver
 from servers import free_port, influxdb_v1
 
@@ -42,6 +43,7 @@ from telemetry_client.doctor_server import (
     reachability,
     tls_check,
 )
+from telemetry_client.doctor_stack import StackSettings, stack_checks
 
 # ---- servers ---------------------------------------------------------------------------
 
@@ -192,8 +194,6 @@ def test_an_influxdb_2x_style_answer_reads_as_authorised():
     """InfluxDB 2.x checks the token's write permission before it refuses the empty body (write_handler.go)."""
     body = b'{"code":"invalid","message":"writing requires points"}'
     with fault_server() as server:
-        from fault_server import Reply
-
         server.then(Reply(400, body=body))
         endpoint = _influx_v2(server.url)
         check = influx_authorisation(endpoint, authorisation_probe(endpoint))
@@ -511,3 +511,163 @@ def test_limits_fall_back_to_loki_defaults_when_config_is_hidden():
     assert check.details["source"] == "defaults"
     assert "documented defaults" in check.evidence
     assert limits["max_line_size"] == "256KB"
+
+
+# ---- the stack (make doctor) --------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def loki_ready(status: int = 200, text: str = "ready\n") -> Iterator[str]:
+    """Loki's `GET /ready`: 200 "ready" once the instance accepts traffic, 503 before (Loki HTTP API reference).
+
+    The Loki receiver models the push API only, so readiness is this one-route server.
+    """
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            body = text.encode() if self.path == "/ready" else b"404 page not found\n"
+            self.send_response(status if self.path == "/ready" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _grafana_dir(tmp_path: Path, rules: list[dict] | None = None) -> Path:
+    """A copy of the repository's provisioning layout: its data source file and dashboards, plus alert rules."""
+    repository = Path(__file__).resolve().parent.parent / "grafana"
+    root = tmp_path / "grafana"
+    (root / "provisioning" / "datasources").mkdir(parents=True)
+    (root / "provisioning" / "datasources" / "datasources.yml").write_text(
+        (repository / "provisioning" / "datasources" / "datasources.yml").read_text()
+    )
+    (root / "dashboards").mkdir()
+    for path in (repository / "dashboards").glob("*.json"):
+        (root / "dashboards" / path.name).write_text(path.read_text())
+    if rules:
+        import yaml
+
+        (root / "provisioning" / "alerting").mkdir()
+        document = {
+            "apiVersion": 1,
+            "groups": [{"orgId": 1, "name": "g", "folder": "f", "interval": "1m", "rules": rules}],
+        }
+        (root / "provisioning" / "alerting" / "rules.yml").write_text(yaml.safe_dump(document))
+    return root
+
+
+def _dashboards(grafana_dir: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((grafana_dir / "dashboards").glob("*.json"))]
+
+
+def _grafana_influx(url: str, auth: tuple[str, str]) -> InfluxSource:
+    return InfluxSource(url, "telemetry", headers=tuple(_basic(*auth).items()))
+
+
+def _by_name(checks: list) -> dict:
+    return {c.name: c for c in checks}
+
+
+def test_a_healthy_stack_passes_every_check(influx_auth, tmp_path):
+    rules = [{"uid": "node-silent", "title": "Node silent"}, {"uid": "drops", "title": "Telemetry drops"}]
+    grafana_dir = _grafana_dir(tmp_path, rules)
+    with (
+        LokiReceiver() as loki,
+        loki_ready() as loki_url,
+        GrafanaReceiver(
+            {"influxdb": _grafana_influx(influx_auth, READER), "loki": LokiSource(loki)},
+            basic_auth=("admin", "grafana-pw"),
+            dashboards=_dashboards(grafana_dir),
+            alert_rules=rules,
+        ) as grafana,
+    ):
+        settings = StackSettings(
+            influxdb_url=influx_auth,
+            loki_url=loki_url,
+            grafana_url=grafana.url,
+            api_version=1,
+            node_headers=_basic(*NODE),
+            read_headers=_basic(*READER),
+            grafana_headers=_basic("admin", "grafana-pw"),
+            grafana_dir=grafana_dir,
+        )
+        checks = stack_checks(settings)
+    failing = [c for c in checks if c.status is not Status.OK]
+    assert failing == []
+    names = _by_name(checks)
+    assert {"Grafana data source 'influxdb'", "Grafana data source 'loki'"} <= set(names)
+    assert "all 6 provisioned dashboards" in names["Grafana dashboards"].evidence
+    assert "all 2 provisioned alert rules" in names["Grafana alert rules"].evidence
+    assert NODE[1] not in json.dumps([c.as_dict() for c in checks])
+    assert _stored_series(influx_auth) == []  # the write checks stored nothing
+
+
+def test_a_broken_stack_names_what_to_fix(influx_auth, tmp_path):
+    rules = [{"uid": "node-silent", "title": "Node silent"}]
+    grafana_dir = _grafana_dir(tmp_path, rules)
+    loaded = _dashboards(grafana_dir)[1:]  # one dashboard failed to load
+    with (
+        LokiReceiver() as loki,
+        loki_ready(503, "Ingester not ready: waiting for 15s after being ready\n") as loki_url,
+        GrafanaReceiver(
+            # Grafana's InfluxDB source reads with a credential InfluxDB refuses
+            {"influxdb": _grafana_influx(influx_auth, NODE), "loki": LokiSource(loki)},
+            basic_auth=("admin", "grafana-pw"),
+            dashboards=loaded,
+            alert_rules=[],
+        ) as grafana,
+    ):
+        loki.stop()  # Grafana's Loki source cannot connect
+        settings = StackSettings(
+            influxdb_url=influx_auth,
+            loki_url=loki_url,
+            grafana_url=grafana.url,
+            api_version=1,
+            node_headers=_basic(*READER),  # a node given the read credential: it reads and cannot write
+            read_headers=_basic(*NODE),  # Grafana given the write credential
+            grafana_headers=_basic("admin", "grafana-pw"),
+            grafana_dir=grafana_dir,
+        )
+        checks = _by_name(stack_checks(settings))
+        wrong_admin = _by_name(
+            stack_checks(StackSettings(**{**settings.__dict__, "grafana_headers": _basic("admin", "x")}))
+        )
+    assert checks["Loki service"].status is Status.FAIL and "503" in checks["Loki service"].evidence
+    assert checks["Grafana data source 'influxdb'"].status is Status.FAIL
+    assert "INFLUXDB_READ_TOKEN" in checks["Grafana data source 'influxdb'"].fix
+    assert checks["Grafana data source 'loki'"].status is Status.FAIL
+    assert checks["Grafana dashboards"].status is Status.FAIL
+    assert "build_dashboards.py" in checks["Grafana dashboards"].fix
+    assert (
+        checks["Grafana alert rules"].status is Status.FAIL and "Node silent" in checks["Grafana alert rules"].evidence
+    )
+    assert checks["Node token"].status is Status.FAIL
+    assert "may not write and may read" in checks["Node token"].evidence
+    assert checks["Grafana read token"].status is Status.FAIL
+    assert "may write and may not read" in checks["Grafana read token"].evidence
+    assert "INFLUXDB_READ_TOKEN" in checks["Grafana read token"].fix
+    assert wrong_admin["Grafana dashboards"].status is Status.FAIL
+    assert "GRAFANA_USER/GRAFANA_PASSWORD" in wrong_admin["Grafana dashboards"].fix
+
+
+def test_a_stopped_stack_says_to_start_it():
+    port = free_port()
+    settings = StackSettings(
+        influxdb_url=f"http://127.0.0.1:{port}",
+        loki_url=f"http://127.0.0.1:{port}",
+        grafana_url=f"http://127.0.0.1:{port}",
+    )
+    checks = _by_name(stack_checks(settings))
+    for service in ("InfluxDB service", "Loki service", "Grafana service"):
+        assert checks[service].status is Status.FAIL
+        assert "make up" in checks[service].fix
