@@ -76,6 +76,7 @@ DROP_REASONS: tuple[str, ...] = (
     "sampled_out",  # not kept by log(sample_rate=...)
     "shutdown",  # still buffered when close() reached its deadline
     "encode_error",  # the encoder raised: a bug, logged with its traceback
+    "disabled",  # given to a logger that is off (nothing configured, or enabled=False)
 )
 
 MEASUREMENTS: tuple[Measurement, ...] = (

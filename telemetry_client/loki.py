@@ -15,29 +15,24 @@ from __future__ import annotations
 
 import base64
 import logging
-import os
 import socket
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from telemetry_client.config import LOOPBACK_HOSTS, LokiConfig, loki_config, split_url_credentials
 from telemetry_client.console import console_handler, default_filters
+from telemetry_client.disabled import Counter, disabled_stats
 from telemetry_client.errors import ConfigurationError
 from telemetry_client.log_context import current_context
 from telemetry_client.loki_limits import DEFAULT_MAX_LINE_BYTES, check_max_line_bytes, validate_labels
 from telemetry_client.loki_sink import LokiSink
-from telemetry_client.metrics import LOOPBACK_HOSTS
 from telemetry_client.self_log import warn
 from telemetry_client.shipping import BufferSettings, Channel
 from telemetry_client.transport import HttpTransport
 
 PUSH_PATH = "/loki/api/v1/push"
 CONTEXT_ATTR = "_loki_context"  # where log_with_context puts its fields on the LogRecord
-ENV_URL = "LOKI_URL"
-ENV_USERNAME = "LOKI_USERNAME"
-ENV_PASSWORD = "LOKI_PASSWORD"
-ENV_BEARER_TOKEN = "LOKI_BEARER_TOKEN"
-ENV_TENANT_ID = "LOKI_TENANT_ID"
 OWN_LOGGER = "telemetry_client"
 _SETUP_MARK = "_telemetry_client_setup"
 
@@ -68,21 +63,6 @@ def push_url(url: str) -> str:
     if not path.endswith(PUSH_PATH):
         path += PUSH_PATH
     return urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, path, parsed.query, ""))
-
-
-def _split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
-    """Move user:password out of a URL so it is never shown with it."""
-    parsed = urllib.parse.urlsplit(url)
-    if parsed.username is None:
-        return url, None
-    netloc = parsed.hostname or ""
-    if ":" in netloc:
-        netloc = f"[{netloc}]"
-    if parsed.port is not None:
-        netloc += f":{parsed.port}"
-    clean = urllib.parse.urlunsplit((parsed.scheme, netloc, parsed.path, parsed.query, parsed.fragment))
-    user = urllib.parse.unquote(parsed.username)
-    return clean, (user, urllib.parse.unquote(parsed.password or ""))
 
 
 def level_number(level: int | str) -> int:
@@ -139,7 +119,7 @@ class LokiHandler(logging.Handler):
                 "only '1' (/loki/api/v1/push) exists in current Loki"
             )
         labels = validate_labels(tags or {})
-        url, url_auth = _split_credentials(push_url(url))
+        url, url_auth = split_url_credentials(push_url(url))
         auth = auth or url_auth
         request_headers = {"Content-Type": "application/json"}
         if auth is not None:
@@ -262,34 +242,94 @@ class LokiHandler(logging.Handler):
         return left
 
 
+class DisabledHandler(logging.Handler):
+    """Stands in for the Loki handler when Loki is not configured: counts what it would have shipped."""
+
+    def __init__(self, reason: str | None, level: int = logging.NOTSET) -> None:
+        super().__init__(level)
+        self.reason = reason
+        self._count = Counter()
+
+    def handle(self, record: logging.LogRecord) -> logging.LogRecord | bool:
+        result = self.filter(record)
+        if result:
+            self.emit(record)
+        return result
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not record.name.startswith(OWN_LOGGER):
+            self._count.add()
+
+    def stats(self) -> dict[str, Any]:
+        return disabled_stats("loki", self._count.value, self.reason)
+
+
 class LokiLogger(logging.LoggerAdapter):
-    """The logger `setup_loki_logger` returns: a standard logger plus `log_with_context`."""
+    """The logger `setup_loki_logger` returns: a standard logger plus `log_with_context`.
+
+    `settings` is the resolved `LokiConfig` (where each setting came from).
+    """
 
     def __init__(
         self,
         logger: logging.Logger,
         loki_handler: LokiHandler | None = None,
         console: logging.Handler | None = None,
+        settings: LokiConfig | None = None,
+        disabled: DisabledHandler | None = None,
     ) -> None:
         super().__init__(logger, {})
         self.loki_handler = loki_handler
         self.console = console
+        self.settings = settings
+        self._disabled = disabled
 
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
         return msg, kwargs  # keep the caller's extra= (the base class would replace it)
 
-    def log_with_context(self, level: int | str, message: str, /, **context: Any) -> None:
-        """Log `message` at `level` ("info", logging.INFO, ...) with `context` fields in the JSON line."""
+    def log_with_context(self, *args: Any, **context: Any) -> None:
+        """Log `message` at `level` ("info", logging.INFO, ...) with `context` fields in the JSON line.
+
+        Called as `(level, message, **context)`, by keyword or bound with
+        functools.partial; see `split_call` for how the shapes are read.
+        """
+        level, message, context = split_call(args, context)
         _log_with_context(self.logger, level, message, context, stacklevel=3)
 
     def stats(self) -> dict[str, Any]:
-        return self.loki_handler.stats() if self.loki_handler else {}
+        """The Loki channel's counters; when Loki is off, what was given to it, counted `disabled`."""
+        if self.loki_handler is not None:
+            return self.loki_handler.stats()
+        return self._disabled.stats() if self._disabled is not None else {}
 
     def flush(self, timeout: float | None = None) -> int:
         return self.loki_handler.flush(timeout) if self.loki_handler else 0
 
     def close(self, timeout: float | None = None) -> int:
         return self.loki_handler.close(timeout) if self.loki_handler else 0
+
+
+def split_call(args: tuple[Any, ...], context: dict[str, Any]) -> tuple[int | str, Any, dict[str, Any]]:
+    """Read `level` and `message` from any of the call shapes nodes use.
+
+    `("info", "msg", k=v)`; `(level="info", message="msg", k=v)`; `("info", message="msg")`;
+    and, from `functools.partial(log_with_context, level="info")`, `("msg")`.
+    Given positionally, both are taken from the arguments and keyword `level` or
+    `message` are ordinary context fields (written as `ctx_level`, `ctx_message`).
+    """
+    if len(args) >= 2:
+        if len(args) > 2:
+            raise TypeError(f"log_with_context takes level and message positionally, got {len(args)} arguments")
+        return args[0], args[1], context
+    if len(args) == 1:
+        if "message" in context:
+            return args[0], context.pop("message"), context
+        if "level" in context:
+            return context.pop("level"), args[0], context
+        raise TypeError("log_with_context() missing its message")
+    if "level" not in context or "message" not in context:
+        raise TypeError("log_with_context() needs a level and a message, e.g. ('info', 'Processing batch')")
+    return context.pop("level"), context.pop("message"), context
 
 
 def _log_with_context(
@@ -303,14 +343,16 @@ def _log_with_context(
 _current: LokiLogger | None = None
 
 
-def log_with_context(level: int | str, message: str, /, **context: Any) -> None:
-    """Log through the logger most recently returned by `setup_loki_logger` (the root logger before that)."""
+def log_with_context(*args: Any, **context: Any) -> None:
+    """Log through the logger most recently returned by `setup_loki_logger` (the root logger before that).
+
+    Positional or keyword: `log_with_context("info", "msg", step=1)`,
+    `log_with_context(level="info", message="msg", step=1)`, or bound with
+    `functools.partial(log_with_context, level="info", window=w)(message="msg")`.
+    """
+    level, message, context = split_call(args, context)
     logger = _current.logger if _current is not None else logging.getLogger()
     _log_with_context(logger, level, message, context, stacklevel=3)
-
-
-def _env(name: str, value: str | None) -> str | None:
-    return value if value is not None else os.environ.get(name) or None
 
 
 def _remove_previous(logger: logging.Logger, timeout: float) -> None:
@@ -326,9 +368,9 @@ def _remove_previous(logger: logging.Logger, timeout: float) -> None:
 
 def setup_loki_logger(
     service: str,
-    uid: str | int | None,
-    version: str | None,
-    environment: str | None,
+    uid: str | int | None = None,
+    version: str | None = None,
+    environment: str | None = None,
     url: str | None = None,
     *,
     username: str | None = None,
@@ -349,25 +391,41 @@ def setup_loki_logger(
     host: str | None = None,
     logger_name: str | None = None,
     enabled: bool = True,
+    strict: bool | None = None,
     close_timeout: float = 5.0,
 ) -> LokiLogger:
     """Configure logger `logger_name` (default: `service`) to ship to Loki and print to the console.
 
     Stream labels: service, environment, host, level, uid, role (default: service),
     version and the validated extra `labels`; everything else goes in the JSON line.
-    The URL comes from `url` or LOKI_URL (a base URL or the full push URL);
-    credentials from the arguments or LOKI_USERNAME/LOKI_PASSWORD, LOKI_BEARER_TOKEN,
-    and LOKI_TENANT_ID; all read now. With no URL this raises ConfigurationError
-    unless `enabled=False` (console only). Calling it again for the same logger
-    replaces (and closes) the handlers the previous call installed.
-    `filters` default to dropping the subtensor "Verify your local subtensor" warning;
-    pass [] for none.
+    `environment` defaults to TELEMETRY_ENVIRONMENT, else "unknown". The URL comes
+    from `url` or LOKI_URL (a base URL or the full push URL); credentials from the
+    arguments or LOKI_USERNAME/LOKI_PASSWORD, LOKI_BEARER_TOKEN, and LOKI_TENANT_ID;
+    all read now (see `telemetry_client.config.loki_config`).
+
+    With no URL anywhere, Loki is off: the console still works, one warning names
+    the variables to set, and records are counted `disabled` in `stats()`. With
+    `strict=True` (or TELEMETRY_STRICT=1) that is a ConfigurationError instead. A
+    setting that is present but wrong always raises ConfigurationError. Calling
+    it again for the same logger replaces (and closes) the handlers the previous
+    call installed. `filters` default to dropping the subtensor "Verify your local
+    subtensor" warning; pass [] for none.
     """
     if not service:
         raise ConfigurationError("service is required (e.g. 'miner')")
+    settings = loki_config(
+        url=url,
+        username=username,
+        password=password,
+        bearer_token=bearer_token,
+        tenant_id=tenant_id,
+        environment=environment,
+        strict=strict,
+        enabled=enabled,
+    )
     fixed = {
         "service": service,
-        "environment": environment,
+        "environment": settings.environment,
         "host": host or socket.gethostname(),
         "uid": uid,
         "role": role or service,
@@ -381,24 +439,15 @@ def setup_loki_logger(
     levelno = level_number(level)
     filter_list = default_filters() if filters is None else list(filters)
 
-    loki_handler = None
-    if enabled:
-        url = _env(ENV_URL, url)
-        if not url:
-            raise ConfigurationError(
-                f"no Loki URL: pass url= or set {ENV_URL} (e.g. https://loki.example.org:3100), "
-                "or pass enabled=False for console-only logging"
-            )
-        username = _env(ENV_USERNAME, username)
-        password = _env(ENV_PASSWORD, password)
-        if bool(username) != bool(password):
-            raise ConfigurationError("Loki basic auth needs both username and password (or LOKI_USERNAME/PASSWORD)")
+    loki_handler: LokiHandler | None = None
+    disabled: DisabledHandler | None = None
+    if settings.enabled:
         loki_handler = LokiHandler(
-            url,
+            settings.url or "",
             stream_labels,
-            (username, password) if username and password else None,
-            bearer_token=_env(ENV_BEARER_TOKEN, bearer_token),
-            tenant_id=_env(ENV_TENANT_ID, tenant_id),
+            settings.basic_auth,
+            bearer_token=settings.bearer_token,
+            tenant_id=settings.tenant_id,
             verify_tls=verify_tls,
             ca_certs=ca_certs,
             buffer=buffer,
@@ -406,11 +455,15 @@ def setup_loki_logger(
             structured_metadata=structured_metadata,
             close_timeout=close_timeout,
         )
+    else:
+        disabled = DisabledHandler(settings.disabled_reason)
+        if enabled:
+            warn.once("loki:disabled", "Loki logging is off: %s", settings.disabled_reason)
     console_out = console_handler(levelno) if console else None
 
     logger = logging.getLogger(service if logger_name is None else logger_name)
     _remove_previous(logger, close_timeout)
-    for handler in (loki_handler, console_out):
+    for handler in (loki_handler or disabled, console_out):
         if handler is None:
             continue
         for log_filter in filter_list:
@@ -424,5 +477,5 @@ def setup_loki_logger(
         metrics_logger.watch(loki_handler.channel)
 
     global _current
-    _current = LokiLogger(logger, loki_handler, console_out)
+    _current = LokiLogger(logger, loki_handler, console_out, settings, disabled)
     return _current

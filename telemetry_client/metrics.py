@@ -7,17 +7,16 @@ encoding all happen on the sender thread.
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
-import os
 import random
 import time
-import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from telemetry_client import line_protocol as lp
 from telemetry_client.catalog import DROP_REASONS
+from telemetry_client.config import influxdb_config
+from telemetry_client.disabled import Counter, disabled_stats
 from telemetry_client.errors import ConfigurationError
 from telemetry_client.fields import DEFAULT_MAX_STRING_BYTES, FieldEncoder, list_stats
 from telemetry_client.gpu_metrics import GpuSampler
@@ -29,14 +28,39 @@ from telemetry_client.transport import HttpTransport, Response
 # Config attributes that may become tags: tag name -> dotted attribute path in `config`.
 DEFAULT_CONFIG_TAGS: Mapping[str, str] = {"netuid": "netuid", "network": "subtensor.network"}
 SELF_METRICS_MEASUREMENT = "telemetry_client"
-LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 
 # (measurement, caller tags or None, fields, timestamp, with_system_metrics, with_gpu_metrics)
 Record = tuple[str, dict | None, dict, Any, bool, bool]
 
 
-def _env(name: str, value: Any) -> Any:
-    return value if value is not None else os.environ.get(name) or None
+def seed_buffer_arguments(
+    buffer: BufferSettings | None, max_queue_size: int | None, max_workers: int | None
+) -> BufferSettings | None:
+    """Map the seed's `max_queue_size` onto the buffer bound; `max_workers` has no meaning here.
+
+    Both are accepted so that existing constructor calls keep working; each is
+    explained once per process.
+    """
+    if max_workers is not None:
+        warn.once(
+            "influxdb:max_workers",
+            "max_workers=%r is ignored: one background sender thread per process serves every logger",
+            max_workers,
+        )
+    if max_queue_size is None:
+        return buffer
+    if buffer is not None:
+        warn.once("influxdb:max_queue_size", "max_queue_size is ignored: buffer= sets the bounds")
+        return buffer
+    if not isinstance(max_queue_size, int) or max_queue_size < 1:
+        raise ConfigurationError(f"max_queue_size must be a positive integer, got {max_queue_size!r}")
+    default = BufferSettings()
+    warn.once(
+        "influxdb:max_queue_size",
+        "max_queue_size=%d bounds the buffer (BufferSettings.max_items); pass buffer= for the other bounds",
+        max_queue_size,
+    )
+    return BufferSettings(max_items=max_queue_size, batch_items=min(default.batch_items, max_queue_size))
 
 
 def _config_value(config: Any, path: str) -> Any:
@@ -206,11 +230,19 @@ class InfluxSink:
 class MetricsLogger:
     """Logs points to InfluxDB without ever blocking or raising into the training loop.
 
-    Configuration errors raise `ConfigurationError` here, at construction. The
-    environment (INFLUXDB_URL, INFLUXDB_HOST, INFLUXDB_PORT, INFLUXDB_DATABASE,
-    INFLUXDB_TOKEN, INFLUXDB_ORG, INFLUXDB_API_VERSION, INFLUXDB_USERNAME,
-    INFLUXDB_PASSWORD, INFLUXDB_RETENTION_POLICY, INFLUXDB_VERIFY_TLS) is read now,
-    never at import. There is no fallback token.
+    Settings come from the arguments and the environment (INFLUXDB_URL, INFLUXDB_HOST,
+    INFLUXDB_PORT, INFLUXDB_DATABASE, INFLUXDB_TOKEN, INFLUXDB_ORG,
+    INFLUXDB_API_VERSION, INFLUXDB_USERNAME, INFLUXDB_PASSWORD,
+    INFLUXDB_RETENTION_POLICY, INFLUXDB_VERIFY_TLS, TELEMETRY_STRICT), read now,
+    never at import; `settings` says where each came from (see `config`). There is
+    no fallback token. With no server named anywhere the logger is off: it warns
+    once, naming the variables to set, and counts every point `disabled`; with
+    `strict` that is a `ConfigurationError`. A setting present but wrong always
+    raises `ConfigurationError`, here, at construction.
+
+    `prefix` is written in front of every measurement as is: `prefix="V"` and
+    `validator_window_v2` give `Vvalidator_window_v2`. `max_queue_size` bounds the
+    buffer (`BufferSettings.max_items`); `max_workers` is accepted and ignored.
 
     Tag rule: every point gets the standard tags (uid, role, version, network,
     runtime_id, group, job_type) that are set, plus allow-listed config values.
@@ -252,6 +284,9 @@ class MetricsLogger:
         self_metrics_interval: float | None = 10.0,
         max_string_bytes: int = DEFAULT_MAX_STRING_BYTES,
         enabled: bool = True,
+        strict: bool | None = None,
+        max_queue_size: int | None = None,
+        max_workers: int | None = None,
     ) -> None:
         self.prefix = prefix
         self.uid = None if uid is None else str(uid)
@@ -260,7 +295,6 @@ class MetricsLogger:
         self.runtime_id = runtime_id
         self.group = group
         self.job_type = job_type
-        self.enabled = enabled
         tags = {
             "uid": self.uid,
             "role": role,
@@ -285,96 +319,48 @@ class MetricsLogger:
                 )
         if prefix and not lp.valid_measurement(prefix):
             raise ConfigurationError(f"prefix {prefix!r} is not a valid measurement name prefix")
+        buffer = seed_buffer_arguments(buffer, max_queue_size, max_workers)
+        self.settings = influxdb_config(
+            url=url,
+            host=host,
+            port=port,
+            scheme=scheme,
+            database=database,
+            token=token,
+            org=org,
+            api_version=api_version,
+            username=username,
+            password=password,
+            retention_policy=retention_policy,
+            verify_tls=verify_tls,
+            strict=strict,
+            enabled=enabled,
+        )
+        self.enabled = self.settings.enabled
+        self.database = self.settings.database
+        self.api_version = self.settings.api_version
         self._names: dict[str, str] = {}
         self._channel: Channel | None = None
-        if not enabled:
+        self._disabled = Counter()
+        if not self.settings.enabled:
+            if enabled:
+                warn.once("influxdb:disabled", "MetricsLogger is off: %s", self.settings.disabled_reason)
             return
-
-        api_version = int(_env("INFLUXDB_API_VERSION", api_version) or 2)
-        if api_version not in (1, 2):
-            raise ConfigurationError(f"api_version must be 1 (InfluxDB 1.x) or 2, got {api_version}")
-        database = _env("INFLUXDB_DATABASE", database) or "telemetry"
-        write_url, headers = self._write_target(
-            url=_env("INFLUXDB_URL", url),
-            host=_env("INFLUXDB_HOST", host),
-            port=_env("INFLUXDB_PORT", port),
-            scheme=scheme,
-            api_version=api_version,
-            database=database,
-            token=_env("INFLUXDB_TOKEN", token),
-            org=_env("INFLUXDB_ORG", org) or "telemetry",
-            username=_env("INFLUXDB_USERNAME", username),
-            password=_env("INFLUXDB_PASSWORD", password),
-            retention_policy=_env("INFLUXDB_RETENTION_POLICY", retention_policy),
-        )
-        if verify_tls is None:
-            verify_tls = os.environ.get("INFLUXDB_VERIFY_TLS", "true").lower() not in ("0", "false", "no")
         transport = HttpTransport(
-            write_url,
-            headers,
-            verify_tls=verify_tls,
+            self.settings.write_url or "",
+            dict(self.settings.headers),
+            verify_tls=self.settings.verify_tls,
             ca_certs=ca_certs,
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
             compress=compress,
         )
-        self.database = database
-        self.api_version = api_version
         self._sink = InfluxSink(
             transport, self.standard_tags, max_string_bytes, system_metrics_interval, self_metrics_interval
         )
         self._channel = Channel(self._sink, buffer)
         self._sink.submit = self._channel.submit
         self._sink.watched.append(self._channel)
-
-    @staticmethod
-    def _write_target(
-        *,
-        url: str | None,
-        host: str | None,
-        port: Any,
-        scheme: str | None,
-        api_version: int,
-        database: str,
-        token: str | None,
-        org: str,
-        username: str | None,
-        password: str | None,
-        retention_policy: str | None,
-    ) -> tuple[str, dict[str, str]]:
-        """The write URL and headers; raises ConfigurationError for anything missing."""
-        if url is None:
-            if not host:
-                raise ConfigurationError("no InfluxDB server: pass url= or host= (or set INFLUXDB_URL / INFLUXDB_HOST)")
-            try:
-                port = int(port or 8086)
-            except ValueError:
-                raise ConfigurationError(f"INFLUXDB_PORT must be a number, got {port!r}") from None
-            scheme = scheme or ("http" if host in LOOPBACK_HOSTS else "https")
-            url = f"{scheme}://{host}:{port}"
-        parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise ConfigurationError(f"InfluxDB URL must look like https://host:8086, got {url!r}")
-        base = url.rstrip("/")
-        headers = {"Content-Type": "text/plain; charset=utf-8"}
-        if api_version == 2:
-            if not token:
-                raise ConfigurationError(
-                    "no InfluxDB token: pass token= or set INFLUXDB_TOKEN (there is no default token); "
-                    "for InfluxDB 1.x use api_version=1 with username/password, or pass enabled=False"
-                )
-            headers["Authorization"] = f"Token {token}"
-            query = urllib.parse.urlencode({"org": org, "bucket": database, "precision": "ns"})
-            return f"{base}/api/v2/write?{query}", headers
-        if bool(username) != bool(password):
-            raise ConfigurationError("InfluxDB 1.x needs both username and password, or neither")
-        if username:
-            credentials = base64.b64encode(f"{username}:{password}".encode()).decode()
-            headers["Authorization"] = f"Basic {credentials}"
-        params = {"db": database, "precision": "n"}
-        if retention_policy:
-            params["rp"] = retention_policy
-        return f"{base}/write?{urllib.parse.urlencode(params)}", headers
 
     def __repr__(self) -> str:
         target = self._sink.transport.url.split("?")[0] if self._channel else "disabled"
@@ -383,8 +369,7 @@ class MetricsLogger:
     def _name(self, measurement: str) -> str:
         name = self._names.get(measurement)
         if name is None:
-            prefix = self.prefix
-            name = f"{prefix}{'' if prefix.endswith('_') else '_'}{measurement}" if prefix else measurement
+            name = self.prefix + measurement  # as written before: "V" + "validator_window_v2"
             self._names[measurement] = name
         return name
 
@@ -401,6 +386,7 @@ class MetricsLogger:
         """Queue one point. Never blocks on the network, never raises; bad input is counted."""
         channel = self._channel
         if channel is None:
+            self._disabled.add()
             return
         try:
             ts = time.time_ns() if timestamp is None else timestamp
@@ -438,7 +424,9 @@ class MetricsLogger:
 
     def stats(self) -> dict[str, Any]:
         """Counters: queued, sent, batches, retries, dropped (and by reason), pending, last error."""
-        return self._channel.stats() if self._channel else {}
+        if self._channel is not None:
+            return self._channel.stats()
+        return disabled_stats("influxdb", self._disabled.value, self.settings.disabled_reason)
 
     def flush(self, timeout: float = 5.0) -> int:
         """Deliver everything queued so far, waiting at most `timeout` s; return how many are left."""

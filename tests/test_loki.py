@@ -445,10 +445,16 @@ def test_bearer_token_is_sent(cleanup):
         assert receiver.count() == 1
 
 
-def test_no_url_is_a_clear_error_unless_disabled(monkeypatch):
+def test_no_url_turns_loki_off_and_counts_unless_strict(monkeypatch):
     monkeypatch.delenv("LOKI_URL", raising=False)
+    monkeypatch.delenv("TELEMETRY_STRICT", raising=False)
+    log = setup_loki_logger("miner", 1, "1", "t", console=False, logger_name="test.off")
+    assert log.loki_handler is None and "LOKI_URL" in log.settings.disabled_reason
+    log.info("counted, not sent")
+    log.debug("below the level: not counted")
+    assert log.stats()["dropped_by_reason"] == {"disabled": 1}
     with pytest.raises(ConfigurationError, match="LOKI_URL"):
-        setup_loki_logger("miner", 1, "1", "t", console=False)
+        setup_loki_logger("miner", 1, "1", "t", console=False, strict=True, logger_name="test.strict")
     log = setup_loki_logger("miner", 1, "1", "t", enabled=False, console=False, logger_name="test.disabled")
     assert log.loki_handler is None
     log.info("goes nowhere, raises nothing")

@@ -34,10 +34,21 @@ def test_missing_token_is_a_clear_error_at_construction(monkeypatch):
         MetricsLogger(host="influx.example.org")
 
 
-def test_missing_host_is_a_clear_error(monkeypatch):
-    for name in ("INFLUXDB_HOST", "INFLUXDB_URL"):
+def test_no_server_named_turns_the_logger_off_unless_strict(monkeypatch):
+    for name in ("INFLUXDB_HOST", "INFLUXDB_URL", "TELEMETRY_STRICT"):
         monkeypatch.delenv(name, raising=False)
+    logger = MetricsLogger(token="t")
+    assert logger.enabled is False and logger.channel is None
+    assert "INFLUXDB_URL" in logger.settings.disabled_reason and "token" in logger.settings.disabled_reason
+    logger.log("m", fields={"x": 1})
+    assert logger.stats()["dropped_by_reason"] == {"disabled": 1}
     with pytest.raises(ConfigurationError, match="INFLUXDB_HOST"):
+        MetricsLogger(token="t", strict=True)
+    monkeypatch.setenv("TELEMETRY_STRICT", "1")
+    with pytest.raises(ConfigurationError, match="strict"):
+        MetricsLogger(token="t")
+    monkeypatch.setenv("TELEMETRY_STRICT", "maybe")
+    with pytest.raises(ConfigurationError, match="TELEMETRY_STRICT"):
         MetricsLogger(token="t")
 
 
@@ -75,10 +86,12 @@ def test_remote_hosts_default_to_https_with_verification():
     logger.close(0)
 
 
-def test_disabled_mode_needs_no_credentials_and_does_nothing():
+def test_disabled_mode_needs_no_credentials_and_only_counts():
     logger = MetricsLogger(enabled=False)
     logger.log("m", fields={"x": 1})
-    assert logger.stats() == {} and logger.flush(0) == 0
+    stats = logger.stats()
+    assert stats["dropped_by_reason"] == {"disabled": 1} and stats["sent"] == 0
+    assert logger.flush(0) == 0 and logger.close(0) == 0
 
 
 def test_import_has_no_side_effects():
@@ -177,7 +190,7 @@ def test_prefix_timestamp_and_sampling(server):
     for _ in range(200):
         logger.log("sampled", fields={"x": 1}, sample_rate=0.0)
     assert logger.flush(5) == 0
-    assert server.lines == [b"miner_step x=1 1500000000"]
+    assert server.lines == [b"minerstep x=1 1500000000"]  # prefix + measurement, as written before
     assert logger.stats()["dropped_by_reason"] == {"sampled_out": 200}
 
 

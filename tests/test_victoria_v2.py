@@ -8,6 +8,17 @@ from telemetry_client.metrics import MetricsLogger
 from telemetry_client.shipping import BufferSettings
 
 
+def _wait_for_samples(server, match: str, expected: dict[str, int], timeout: float = 30.0) -> dict[str, dict]:
+    """Series by name once each holds its expected number of samples (a loaded server takes a while)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        series = {s["metric"]["__name__"]: s for s in server.wait_for_series(match, len(expected))}
+        counts = {name: len(series[name]["values"]) if name in series else 0 for name in expected}
+        if counts == expected or time.monotonic() > deadline:
+            return series
+        time.sleep(0.2)
+
+
 def test_v2_write_path_delivers(victoria_server):
     logger = MetricsLogger(
         url=victoria_server.url,
@@ -24,8 +35,7 @@ def test_v2_write_path_delivers(victoria_server):
         logger.log("v2check", fields={"loss": step / 10, "window": step}, timestamp=now + step * 1_000_000)
     assert logger.flush(10) == 0
     assert logger.stats()["sent"] == 50
-    exported = victoria_server.wait_for_series('{__name__=~"v2check_.*"}', 2)
-    series = {s["metric"]["__name__"]: s for s in exported}
+    series = _wait_for_samples(victoria_server, '{__name__=~"v2check_.*"}', {"v2check_loss": 50, "v2check_window": 50})
     assert set(series) == {"v2check_loss", "v2check_window"}
     assert series["v2check_loss"]["metric"]["uid"] == "3"
     assert series["v2check_loss"]["metric"]["role"] == "validator"
