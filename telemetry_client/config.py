@@ -428,7 +428,7 @@ def split_url_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
 
 def exit_timeout_setting(environ: Mapping[str, str] | None = None) -> Setting:
     """How long the exit hook waits for delivery (TELEMETRY_EXIT_TIMEOUT), and where that came from."""
-    from telemetry_client.shipping import DEFAULT_EXIT_TIMEOUT
+    from telemetry_client.lifecycle import DEFAULT_EXIT_TIMEOUT
 
     raw = (os.environ if environ is None else environ).get(ENV_EXIT_TIMEOUT) or None
     if raw is None:
