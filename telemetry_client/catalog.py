@@ -177,6 +177,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
             Field("memory_total_bytes", "bytes", "memory available (the cgroup limit if lower)"),
             Field("memory_percent", "percent", "memory_used_bytes / memory_total_bytes"),
             Field("process_rss_bytes", "bytes", "resident memory of the logging process"),
+            Field("disk_percent", "percent", "disk in use on the filesystem of the working directory"),
         ),
     ),
     Measurement(

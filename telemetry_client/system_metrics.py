@@ -50,6 +50,14 @@ def cgroup_memory(root: Path = CGROUP_ROOT) -> tuple[int, int] | None:
     return max(0, used - _inactive_file(v1 / "memory.stat", "total_inactive_file")), limit
 
 
+def _disk_percent(path: str = ".") -> float:
+    """Disk in use on the working directory's filesystem (where checkpoints usually go); 0 if unreadable."""
+    try:
+        return float(psutil.disk_usage(path).percent)
+    except OSError:
+        return 0.0
+
+
 class SystemSampler:
     """Samples the host at most once per `interval` seconds."""
 
@@ -77,4 +85,5 @@ class SystemSampler:
             "memory_total_bytes": total,
             "memory_percent": 100.0 * used / total if total else 0.0,
             "process_rss_bytes": float(self._process.memory_info().rss),
+            "disk_percent": _disk_percent(),
         }

@@ -172,6 +172,7 @@ def _field_value(name: str, step: int, rng: random.Random) -> float:
         "memory_total_bytes": 6.4e10,
         "memory_percent": rng.uniform(30, 90),
         "process_rss_bytes": rng.uniform(4e9, 8e9),
+        "disk_percent": rng.uniform(20, 80),
         "utilization_percent": rng.uniform(50, 100),
         "temperature_c": rng.uniform(40, 80),
         "power_w": rng.uniform(200, 650),

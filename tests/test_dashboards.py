@@ -299,3 +299,36 @@ def test_logql_selectors_stay_valid_with_everything_selected(query: dash.Query) 
             value for _, op, value in matchers if (op == "=" and value) or (op == "=~" and not re.fullmatch(value, ""))
         ]
         assert non_empty, f"{query.where}: every matcher accepts empty: {selector}"
+
+
+# ---------------------------------------------------------------- alert rules
+
+
+def _alert_queries() -> list[tuple[str, str, str]]:
+    """(rule uid, datasource uid, query text) of every provisioned alert rule, settings at their defaults."""
+    from grafana.alerting_src import render, settings
+
+    text = render.fill((GRAFANA / "alerting" / "rules.yaml").read_text(), settings.defaults())
+    out = []
+    for group in yaml.safe_load(text)["groups"]:
+        for rule in group["rules"]:
+            for query in rule["data"]:
+                model = query["model"]
+                if query["datasourceUid"] == "influxdb":
+                    out.append((rule["uid"], "influxdb", model["query"]))
+                elif query["datasourceUid"] == "loki":
+                    out.append((rule["uid"], "loki", model["expr"]))
+    return out
+
+
+ALERT_QUERIES = _alert_queries()
+
+
+@pytest.mark.parametrize(("rule", "kind", "text"), ALERT_QUERIES, ids=[f"{r}:{k}" for r, k, _ in ALERT_QUERIES])
+def test_alert_queries_name_only_catalog_measurements_and_stream_labels(rule: str, kind: str, text: str) -> None:
+    if kind == "influxdb":
+        assert check_influxql(text) == [], text
+    else:
+        refs = dash.logql_references(text)
+        assert refs.problems == () and refs.stream_labels <= dash.LOKI_STREAM_LABELS, text
+        assert refs.grouping_labels <= dash.LOKI_STREAM_LABELS, text

@@ -38,6 +38,13 @@ def build() -> Json:
         influx_target("B", influx_select('mean("memory_total_bytes")', "system"), "total $tag_uid"),
         unit="bytes",
     )
+    ly.timeseries(
+        "Disk",
+        "Disk in use on the filesystem of each node's working directory (checkpoints, caches).",
+        influx_target("A", influx_select('max("disk_percent")', "system"), "$tag_uid"),
+        unit="percent",
+        width=24,
+    )
     ly.row("GPU")
     by_gpu = ("uid", "gpu_index")
     ly.timeseries(

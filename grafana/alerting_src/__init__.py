@@ -1,0 +1,1 @@
+"""The provisioned alerting: settings, rules, contact points and the notification policy."""

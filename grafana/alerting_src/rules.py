@@ -1,0 +1,350 @@
+"""The alert rules, one function each: what a rule watches, when it fires, and why.
+
+InfluxDB rules are InfluxQL (as the dashboards), naming only what
+telemetry_client/catalog.py defines; the log rule is LogQL over the stream labels
+the Loki handler sets. Every rule's labels come from the query's GROUP BY / `by`
+(network, role, uid...), so one alert instance is one node (or process, or device).
+
+Annotations and labels use Go templates over `.Labels` and `.Values`, never `$`:
+Grafana expands `$NAME` in labels as an environment variable when it reads the file
+(grafana/grafana pkg/services/provisioning/values/values.go).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from grafana.builder.alerts import PanelLink, Rule, TimeRange, influx_query, loki_query, math, reduce, threshold
+from telemetry_client.catalog import DROP_REASONS
+
+# Measurements whose points prove a node is working, one per role.
+WORK_MEASUREMENTS: tuple[str, ...] = ("training_step", "validator_scores", "aggregator_step", "evaluator_benchmark")
+NODE = ("network", "role", "uid")
+# Drops that mean the data did not arrive. sampled_out is the caller's choice; non_finite
+# drops one value of a point that is delivered (mixed precision overflows now and then,
+# and a non-finite loss is the loss rule's business).
+LOST_DROP_REASONS: tuple[str, ...] = tuple(r for r in DROP_REASONS if r not in ("sampled_out", "non_finite"))
+PENDING = "${ALERT_PENDING_SECONDS}s"
+NODE_TEXT = "{{ .Labels.uid }} ({{ .Labels.role }}, network {{ .Labels.network }})"
+
+
+def select(fields: str, measurements: Sequence[str], by: Sequence[str] = NODE, extra: str = "") -> str:
+    """InfluxQL over the rule's own window ($timeFilter), one series per node."""
+    sources = ", ".join(f'"{m}"' for m in measurements)
+    group = ", ".join(f'"{tag}"' for tag in by)
+    query = f"SELECT {fields} FROM {sources} WHERE $timeFilter"
+    return query + (f" GROUP BY {group}" if group else "") + extra
+
+
+def node_silent() -> Rule:
+    step, steps = "${ALERT_NODE_SILENT_STEP_SECONDS}s", "${ALERT_NODE_SILENT_STEPS}"
+    # Points per step for every node seen in the lookback, fill(0) for the steps without
+    # any, then the moving average over the last `steps` steps: 0 exactly when the node
+    # sent nothing for that long. InfluxDB 1.x pushes an outer query's time range into
+    # its subquery, so "was reporting" (the lookback) and "went quiet" (the last steps)
+    # must come from one query's buckets, not from two time ranges.
+    query = (
+        f'SELECT moving_average(count("window"), {steps}) FROM '
+        + ", ".join(f'"{m}"' for m in WORK_MEASUREMENTS)
+        + f' WHERE $timeFilter GROUP BY time({step}), "network", "role", "uid" fill(0)'
+    )
+    return Rule(
+        uid="telemetry-node-silent",
+        title="Node stopped reporting",
+        summary="Node " + NODE_TEXT + " stopped reporting",
+        description=(
+            "No training_step, validator_scores, aggregator_step or evaluator_benchmark point from node "
+            + NODE_TEXT
+            + " for the last ALERT_NODE_SILENT_STEPS x ALERT_NODE_SILENT_STEP_SECONDS seconds, although it "
+            "reported within the lookback. The process stopped, hung, or lost its connection to InfluxDB."
+        ),
+        severity="critical",
+        data=[
+            influx_query("A", query, TimeRange("ALERT_NODE_SILENT_LOOKBACK_SECONDS")),
+            reduce("B", "A", "last"),
+            math("C", "$B == 0"),
+        ],
+        condition="C",
+        no_data_state="OK",
+        no_data_reason="no node reported in the whole lookback: an empty fleet or a store that is down, "
+        "which the store rules report once instead of once per node",
+        exec_err_state="KeepLast",
+        exec_err_reason="a failing query says nothing about the nodes; the store rules report it, and every "
+        "node flapping on a blip would bury that one alert",
+        panel=PanelLink("telemetry-health", "Records sent per second"),
+        pending="0s",  # the silence window is the duration already
+        fired_by=("silent",),
+    )
+
+
+def loss_diverging() -> Rule:
+    recent = TimeRange("ALERT_LOSS_WINDOW_SECONDS")
+    baseline = TimeRange("ALERT_LOSS_BASELINE_SECONDS", "ALERT_LOSS_WINDOW_SECONDS")
+    return Rule(
+        uid="telemetry-loss-diverging",
+        title="Training loss diverging or not finite",
+        summary="Loss of miner " + NODE_TEXT + " is diverging or not finite",
+        description=(
+            "Miner " + NODE_TEXT + ": the mean loss of the last ALERT_LOSS_WINDOW_SECONDS seconds is more than "
+            'ALERT_LOSS_JUMP_RATIO times its mean before (recent {{ (index .Values "D").Value }}, baseline '
+            '{{ (index .Values "E").Value }}), or steps were logged without a loss '
+            '({{ (index .Values "F").Value }}): the client drops a NaN or infinite loss, so a step '
+            "without one had a non-finite loss."
+        ),
+        severity="critical",
+        data=[
+            influx_query("A", select('mean("loss")', ["training_step"]), recent),
+            influx_query("B", select('mean("loss")', ["training_step"]), baseline),
+            influx_query("C", select('count("window") - count("loss")', ["training_step"]), recent),
+            reduce("D", "A", "last"),
+            reduce("E", "B", "last"),
+            # null when no step of the window had a loss at all: every loss was non-finite.
+            reduce("F", "C", "last", "replaceNN", 1),
+            math("G", "$D > ${ALERT_LOSS_JUMP_RATIO} * $E || $F > 0"),
+        ],
+        condition="G",
+        no_data_state="OK",
+        no_data_reason="no miner trained in the window or in the baseline (a new network, or miners that "
+        "stopped, which the node-silent rule reports)",
+        exec_err_state="KeepLast",
+        exec_err_reason="the store rules report a failing InfluxDB once; this rule keeps its last state",
+        panel=PanelLink("telemetry-training", "Training loss"),
+        pending=PENDING,
+        fired_by=("loss-divergence",),
+    )
+
+
+def validator_window_stalled() -> Rule:
+    return Rule(
+        uid="telemetry-validator-window-stalled",
+        title="Validator window not advancing",
+        summary="Validator " + NODE_TEXT + " is stuck in one window",
+        description=(
+            "Validator " + NODE_TEXT + " kept scoring miners, but the window of its validator_scores did not "
+            "change in the last ALERT_WINDOW_STALL_SECONDS seconds: it lost sync with the chain or is stuck."
+        ),
+        severity="warning",
+        data=[
+            influx_query(
+                "A", select('spread("window")', ["validator_scores"]), TimeRange("ALERT_WINDOW_STALL_SECONDS")
+            ),
+            reduce("B", "A", "last"),
+            threshold("C", "B", "lt", 1),
+        ],
+        condition="C",
+        no_data_state="OK",
+        no_data_reason="no validator scored in the window: a network without validators, or validators "
+        "that stopped, which the node-silent rule reports",
+        exec_err_state="KeepLast",
+        exec_err_reason="the store rules report a failing InfluxDB once; this rule keeps its last state",
+        panel=PanelLink("telemetry-validators", "Validator window"),
+        pending="0s",  # the window is the duration already
+        fired_by=("window-stall",),
+    )
+
+
+def gpu_memory_high() -> Rule:
+    query = select('last("memory_used_bytes") / last("memory_total_bytes") * 100', ["gpu"], (*NODE, "gpu_index"))
+    return Rule(
+        uid="telemetry-gpu-memory-high",
+        title="GPU memory nearly full",
+        summary="GPU {{ .Labels.gpu_index }} of " + NODE_TEXT + " is nearly out of memory",
+        description=(
+            "GPU {{ .Labels.gpu_index }} of node " + NODE_TEXT + " uses "
+            '{{ printf "%.1f" (index .Values "B").Value }}% of its memory (threshold ALERT_GPU_MEMORY_PERCENT): '
+            "the next larger batch or a fragmentation spike ends in CUDA out of memory."
+        ),
+        severity="warning",
+        data=[
+            influx_query("A", query, TimeRange("ALERT_RESOURCE_WINDOW_SECONDS")),
+            reduce("B", "A", "last"),
+            threshold("C", "B", "gt", "ALERT_GPU_MEMORY_PERCENT"),
+        ],
+        condition="C",
+        no_data_state="OK",
+        no_data_reason="nodes without a GPU (or with GPU metrics off) report no gpu points: nothing to watch",
+        exec_err_state="KeepLast",
+        exec_err_reason="the store rules report a failing InfluxDB once; this rule keeps its last state",
+        panel=PanelLink("telemetry-system", "GPU memory used (all processes)"),
+        pending=PENDING,
+        fired_by=("gpu-oom",),
+    )
+
+
+def _host_rule(uid: str, field: str, what: str, setting: str, panel: str, fault: str) -> Rule:
+    return Rule(
+        uid=uid,
+        title=f"Host {what} nearly full",
+        summary=f"Host {what} of " + NODE_TEXT + " is nearly full",
+        description=(
+            f"The host of node {NODE_TEXT} had {what} in use up to "
+            '{{ printf "%.1f" (index .Values "B").Value }}% in the last ALERT_RESOURCE_WINDOW_SECONDS seconds '
+            f"(threshold {setting}). The node will be killed or fail to write checkpoints."
+        ),
+        severity="warning",
+        data=[
+            influx_query("A", select(f'max("{field}")', ["system"]), TimeRange("ALERT_RESOURCE_WINDOW_SECONDS")),
+            reduce("B", "A", "last"),
+            threshold("C", "B", "gt", setting),
+        ],
+        condition="C",
+        no_data_state="OK",
+        no_data_reason="nodes that log without system metrics send no system points: nothing to watch",
+        exec_err_state="KeepLast",
+        exec_err_reason="the store rules report a failing InfluxDB once; this rule keeps its last state",
+        panel=PanelLink("telemetry-system", panel),
+        pending=PENDING,
+        fired_by=(fault,),
+    )
+
+
+def host_memory_high() -> Rule:
+    return _host_rule(
+        "telemetry-host-memory-high", "memory_percent", "memory", "ALERT_HOST_MEMORY_PERCENT", "Memory", "memory-full"
+    )
+
+
+def host_disk_high() -> Rule:
+    return _host_rule(
+        "telemetry-host-disk-high", "disk_percent", "disk", "ALERT_HOST_DISK_PERCENT", "Disk", "disk-full"
+    )
+
+
+def client_drops() -> Rule:
+    # The counters are cumulative per process (runtime_id): spread is their increase in the window.
+    dropped = " + ".join(f'spread("dropped_{reason}")' for reason in LOST_DROP_REASONS)
+    query = select(dropped, ["telemetry_client"], (*NODE, "runtime_id", "sink"))
+    return Rule(
+        uid="telemetry-client-drops",
+        title="Telemetry client dropping data",
+        summary="Node " + NODE_TEXT + ' dropped {{ (index .Values "B").Value }} {{ .Labels.sink }} records',
+        description=(
+            "The telemetry client of node " + NODE_TEXT + " (process {{ .Labels.runtime_id }}) dropped "
+            '{{ (index .Values "B").Value }} records bound for {{ .Labels.sink }} in the last '
+            "ALERT_DROPS_WINDOW_SECONDS seconds, for a reason other than sampling (buffer full through an "
+            "outage, rejected by the server, invalid, too large...). The Telemetry health dashboard shows which reason."
+        ),
+        severity="warning",
+        data=[
+            influx_query("A", query, TimeRange("ALERT_DROPS_WINDOW_SECONDS")),
+            reduce("B", "A", "last"),
+            math("C", "$B >= ${ALERT_DROPS_MIN}"),
+        ],
+        condition="C",
+        no_data_state="OK",
+        no_data_reason="clients with self-metrics turned off send no counters: nothing to watch",
+        exec_err_state="KeepLast",
+        exec_err_reason="the store rules report a failing InfluxDB once; this rule keeps its last state",
+        panel=PanelLink("telemetry-health", "Dropped per second, by reason"),
+        pending="0s",  # a drop is lost data: report it at once
+        fired_by=("drops",),
+    )
+
+
+ERROR_LINES = '{environment=~".+", level=~"error|critical"}'
+
+
+def log_errors_above_baseline() -> Rule:
+    recent = TimeRange("ALERT_LOG_ERRORS_WINDOW_SECONDS")
+    baseline = TimeRange("ALERT_LOG_ERRORS_BASELINE_SECONDS", "ALERT_LOG_ERRORS_WINDOW_SECONDS")
+    window, before = "${ALERT_LOG_ERRORS_WINDOW_SECONDS}", "${ALERT_LOG_ERRORS_BASELINE_SECONDS}"
+    return Rule(
+        uid="telemetry-log-errors",
+        title="Error logs above baseline",
+        summary="Node {{ .Labels.uid }} ({{ .Labels.role }}) logs errors far above the baseline",
+        description=(
+            "Node {{ .Labels.uid }} ({{ .Labels.role }}, environment {{ .Labels.environment }}) logged "
+            '{{ (index .Values "D").Value }} error and critical lines in the last ALERT_LOG_ERRORS_WINDOW_SECONDS '
+            "seconds: more than ALERT_LOG_ERRORS_RATIO times what a node of the fleet logged in as long "
+            "before (baseline window ALERT_LOG_ERRORS_BASELINE_SECONDS), and at least ALERT_LOG_ERRORS_MIN."
+        ),
+        severity="warning",
+        data=[
+            loki_query("A", f"sum by (environment, role, uid) (count_over_time({ERROR_LINES} [$__range]))", recent),
+            loki_query("B", f"sum(count_over_time({ERROR_LINES} [$__range]))", baseline),
+            loki_query("C", 'count(sum by (uid) (count_over_time({environment=~".+"} [$__range])))', baseline),
+            reduce("D", "A", "last"),
+            reduce("E", "B", "last"),
+            reduce("F", "C", "last"),
+            math(
+                "G",
+                f"$D > ${{ALERT_LOG_ERRORS_RATIO}} * $E / $F * {window} / ({before} - {window}) "
+                "&& $D >= ${ALERT_LOG_ERRORS_MIN}",
+            ),
+        ],
+        condition="G",
+        no_data_state="OK",
+        no_data_reason="no error line in the window (the healthy case) or none in the whole baseline, so no "
+        "baseline to compare with",
+        exec_err_state="KeepLast",
+        exec_err_reason="the Loki store rule reports a failing Loki once; this rule keeps its last state",
+        panel=PanelLink("telemetry-logs", "Errors per second by service"),
+        pending=PENDING,
+        fired_by=("error-burst",),
+    )
+
+
+def influxdb_unavailable() -> Rule:
+    query = select('count("window")', WORK_MEASUREMENTS, by=())
+    return Rule(
+        uid="telemetry-influxdb-unavailable",
+        title="InfluxDB down or empty",
+        summary="InfluxDB does not answer, or holds no point from any node",
+        description=(
+            "Grafana's query to InfluxDB failed, or InfluxDB holds no training_step, validator_scores, "
+            "aggregator_step or evaluator_benchmark point from the last ALERT_STORE_WINDOW_SECONDS seconds. "
+            "Every InfluxDB rule is blind meanwhile."
+        ),
+        severity="critical",
+        data=[
+            influx_query("A", query, TimeRange("ALERT_STORE_WINDOW_SECONDS")),
+            reduce("B", "A", "sum"),
+            # Never true on data: this rule fires through its no-data and error states only.
+            math("C", "$B < 0"),
+        ],
+        condition="C",
+        no_data_state="Alerting",
+        no_data_reason="nothing stored from any node: ingestion is broken even if InfluxDB answers",
+        exec_err_state="Alerting",
+        exec_err_reason="this is the rule that reports a failing InfluxDB; the others keep their last state",
+        panel=PanelLink("telemetry-health", "Records sent per second"),
+        pending=PENDING,
+        fired_by=("influxdb-down",),
+    )
+
+
+def loki_unavailable() -> Rule:
+    return Rule(
+        uid="telemetry-loki-unavailable",
+        title="Loki down or empty",
+        summary="Loki does not answer, or holds no log line from any node",
+        description=(
+            "Grafana's query to Loki failed, or Loki holds no line from the last ALERT_STORE_WINDOW_SECONDS "
+            "seconds. The log rule is blind meanwhile."
+        ),
+        severity="critical",
+        data=[
+            loki_query(
+                "A", 'sum(count_over_time({environment=~".+"} [$__range]))', TimeRange("ALERT_STORE_WINDOW_SECONDS")
+            ),
+            reduce("B", "A", "sum"),
+            math("C", "$B < 0"),
+        ],
+        condition="C",
+        no_data_state="Alerting",
+        no_data_reason="nothing stored from any node: log shipping is broken even if Loki answers",
+        exec_err_state="Alerting",
+        exec_err_reason="this is the rule that reports a failing Loki; the log rule keeps its last state",
+        panel=PanelLink("telemetry-logs", "Log lines by level"),
+        pending=PENDING,
+        fired_by=("loki-down",),
+    )
+
+
+# Group name to its rules; a group is evaluated as one at ALERT_EVALUATION_SECONDS.
+GROUPS: dict[str, tuple[Rule, ...]] = {
+    "nodes": (node_silent(), loss_diverging(), validator_window_stalled()),
+    "resources": (gpu_memory_high(), host_memory_high(), host_disk_high()),
+    "telemetry": (client_drops(), log_errors_above_baseline(), influxdb_unavailable(), loki_unavailable()),
+}
+RULES: tuple[Rule, ...] = tuple(rule for rules in GROUPS.values() for rule in rules)

@@ -1,0 +1,146 @@
+"""Every threshold and duration of the alert rules, with its default and what it means.
+
+Defaults fit a network of a few hundred nodes whose miners log a step every few
+seconds to a minute and whose windows last a few minutes. `simulated` is the value
+`python -m simulator` evaluates the rules with, so that a run of a minute or less
+shows every rule fire on its fault (the simulator scales the windows to the run).
+
+Durations are whole seconds (Grafana's relativeTimeRange takes seconds); numbers are
+plain decimals. Both are checked wherever the files are rendered.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+PREFIX = "ALERT_"
+WHOLE = re.compile(r"^[0-9]+$")
+NUMBER = re.compile(r"^[0-9]+(\.[0-9]+)?$")
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: str
+    kind: str  # "seconds" or "count" (whole numbers), "number" (decimals), or "choice"
+    description: str
+    simulated: str | None = None  # None: the simulator derives it from the run (see simulator/alerting.py)
+    choices: tuple[str, ...] = ()
+
+    def check(self, value: str) -> str:
+        """The value as it goes into the files; ValueError with the setting's name when it is malformed."""
+        text = str(value).strip()
+        if self.kind == "choice":
+            if text not in self.choices:
+                raise ValueError(f"{self.name} must be one of {', '.join(self.choices)}, got {value!r}")
+            return text
+        pattern = NUMBER if self.kind == "number" else WHOLE
+        if not pattern.match(text) or (self.kind == "count" and int(text) == 0):
+            what = {"number": "a non-negative decimal number", "count": "a whole number above 0"}.get(
+                self.kind, "a whole number of seconds"
+            )
+            raise ValueError(f"{self.name} must be {what}, got {value!r}")
+        return text
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "ALERT_WEBHOOK_TYPE",
+        "webhook",
+        "choice",
+        "kind of ALERTING_WEBHOOK_URL: discord, slack (an incoming webhook) or webhook (any JSON receiver)",
+        choices=("discord", "slack", "webhook"),
+    ),
+    Setting("ALERT_EVALUATION_SECONDS", "60", "seconds", "how often Grafana evaluates every rule"),
+    Setting(
+        "ALERT_PENDING_SECONDS",
+        "300",
+        "seconds",
+        "how long a threshold rule's condition must hold before it fires (the rules' `for`)",
+        "0",
+    ),
+    Setting(
+        "ALERT_NODE_SILENT_STEP_SECONDS",
+        "60",
+        "seconds",
+        "node silent: resolution of the silence check (points are counted per step)",
+        "1",
+    ),
+    Setting(
+        "ALERT_NODE_SILENT_STEPS",
+        "10",
+        "count",
+        "node silent: a node fires after this many steps without a point (10 x 60 s = 10 min)",
+        "3",
+    ),
+    Setting(
+        "ALERT_NODE_SILENT_LOOKBACK_SECONDS",
+        "3600",
+        "seconds",
+        "node silent: only nodes that reported within this time are watched; a node gone longer resolves",
+    ),
+    Setting("ALERT_LOSS_WINDOW_SECONDS", "600", "seconds", "loss: the recent window compared to the baseline", "3"),
+    Setting(
+        "ALERT_LOSS_BASELINE_SECONDS",
+        "3600",
+        "seconds",
+        "loss: the baseline window, ending where the recent window starts",
+    ),
+    Setting("ALERT_LOSS_JUMP_RATIO", "1.5", "number", "loss: fires when the recent mean exceeds baseline x ratio"),
+    Setting(
+        "ALERT_WINDOW_STALL_SECONDS",
+        "1200",
+        "seconds",
+        "validator window: fires when a scoring validator's window did not change for this long",
+        "4",
+    ),
+    Setting("ALERT_GPU_MEMORY_PERCENT", "95", "number", "GPU: device memory in use, percent of the device"),
+    Setting("ALERT_HOST_MEMORY_PERCENT", "95", "number", "host: memory in use, percent of what is available"),
+    Setting("ALERT_HOST_DISK_PERCENT", "90", "number", "host: disk in use, percent of the working directory's disk"),
+    Setting("ALERT_RESOURCE_WINDOW_SECONDS", "300", "seconds", "GPU and host: window of the readings", "3"),
+    Setting("ALERT_DROPS_WINDOW_SECONDS", "900", "seconds", "drops: window in which drops are added up", "4"),
+    Setting("ALERT_DROPS_MIN", "1", "number", "drops: fires at this many dropped records in the window per process"),
+    Setting("ALERT_LOG_ERRORS_WINDOW_SECONDS", "300", "seconds", "log errors: the recent window", "3"),
+    Setting(
+        "ALERT_LOG_ERRORS_BASELINE_SECONDS",
+        "3600",
+        "seconds",
+        "log errors: the baseline window, ending where the recent window starts",
+    ),
+    Setting(
+        "ALERT_LOG_ERRORS_RATIO",
+        "3",
+        "number",
+        "log errors: fires when a node's error and critical lines exceed ratio x the fleet's per-node baseline",
+    ),
+    Setting(
+        "ALERT_LOG_ERRORS_MIN",
+        "20",
+        "number",
+        "log errors: ... and exceed this many lines in the recent window (quiet nodes stay quiet)",
+    ),
+    Setting(
+        "ALERT_STORE_WINDOW_SECONDS",
+        "600",
+        "seconds",
+        "stores: fires when InfluxDB or Loki errors, or holds nothing from any node in this window",
+    ),
+)
+
+BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+
+
+def defaults() -> dict[str, str]:
+    return {s.name: s.default for s in SETTINGS}
+
+
+def resolve(overrides: dict[str, str] | None = None) -> dict[str, str]:
+    """Every setting's value: the defaults with `overrides` on top, each checked."""
+    values = defaults()
+    for name, value in (overrides or {}).items():
+        if name not in BY_NAME:
+            raise ValueError(f"unknown alert setting {name}; known: {', '.join(sorted(BY_NAME))}")
+        if value not in (None, ""):
+            values[name] = value
+    return {name: BY_NAME[name].check(value) for name, value in values.items()}

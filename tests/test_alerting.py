@@ -1,0 +1,175 @@
+"""The provisioned alerting: generated, up to date, and in the shape Grafana's file provisioning reads.
+
+The shape checked here is written from Grafana's documentation and provisioning code
+for apiVersion 1 (grafana/grafana, the version pinned in versions.env):
+- docs/sources/alerting/set-up/provision-alerting-resources/file-provisioning/index.md:
+  groups (orgId, name, folder, interval, rules), rules (uid, title, condition, data,
+  dashboardUid, panelId, noDataState, execErrState, for, annotations, labels),
+  contactPoints (name, receivers: uid, type, settings), policies (receiver,
+  group_by, matchers / object_matchers, group_wait, group_interval, repeat_interval);
+- pkg/services/provisioning/alerting/rules_types.go (AlertRuleV1, QueryV1): the model
+  is passed on raw, relativeTimeRange is integer seconds, `for` is a Prometheus
+  duration, noDataState in NoData/Alerting/OK/KeepLast and execErrState in
+  Error/Alerting/OK/KeepLast (pkg/services/ngalert/models);
+- pkg/services/provisioning/values/values.go: `$NAME` and `${NAME}` in labels,
+  titles and contact point settings are environment variables, `$$` a literal `$`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from grafana import build_alerting as ba
+from grafana.alerting_src import render as rd
+from grafana.alerting_src import settings as st
+from grafana.alerting_src.rules import RULES
+from grafana.dashboards_src import BUILDERS
+
+ROOT = Path(__file__).resolve().parents[1]
+ALERTING = ROOT / "grafana" / "alerting"
+DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")  # github.com/prometheus/common/model ParseDuration
+REF = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
+EXPRESSION_TYPES = {"reduce", "math", "threshold", "classic_conditions", "resample"}
+
+
+def rendered(tmp_path: Path, overrides: dict[str, str] | None = None, env: dict[str, str] | None = None) -> dict:
+    files = rd.render_dir(ALERTING, tmp_path, overrides, env or {})
+    return {path.name: yaml.safe_load(path.read_text()) for path in files}
+
+
+def test_committed_files_are_what_the_builder_generates() -> None:
+    assert ba.main(["--check"]) == 0, "run python grafana/build_alerting.py"
+    for name, text in ba.render().items():
+        assert (ALERTING / name).read_text() == text, name
+
+
+def test_check_mode_reports_a_stale_file(tmp_path: Path) -> None:
+    assert ba.main(["--out", str(tmp_path)]) == 0
+    (tmp_path / "rules.yaml").write_text("apiVersion: 1\n")
+    assert ba.main(["--out", str(tmp_path), "--check"]) == 1
+
+
+def _check_query(rule: dict[str, Any], query: dict[str, Any]) -> None:
+    assert set(query) <= {"refId", "queryType", "relativeTimeRange", "datasourceUid", "model"}, query
+    window = query["relativeTimeRange"]
+    assert isinstance(window["from"], int) and isinstance(window["to"], int), rule["uid"]
+    assert window["from"] >= window["to"] >= 0, rule["uid"]
+    model = query["model"]
+    assert model["refId"] == query["refId"]
+    if query["datasourceUid"] == "__expr__":
+        assert model["type"] in EXPRESSION_TYPES, rule["uid"]
+        if model["type"] == "reduce":
+            assert model["reducer"] in ("last", "mean", "min", "max", "sum", "count")
+            assert model["settings"]["mode"] in ("", "dropNN", "replaceNN")
+        if model["type"] == "threshold":
+            evaluator = model["conditions"][0]["evaluator"]
+            assert evaluator["type"] in ("gt", "lt", "within_range", "outside_range")
+            assert all(isinstance(p, int | float) for p in evaluator["params"]), rule["uid"]
+    else:
+        assert query["datasourceUid"] in ("influxdb", "loki"), rule["uid"]
+        assert model["datasource"]["uid"] == query["datasourceUid"]
+        assert model.get("query") if query["datasourceUid"] == "influxdb" else model.get("expr"), rule["uid"]
+
+
+def test_rules_have_the_provisioning_shape_once_rendered(tmp_path: Path) -> None:
+    document = rendered(tmp_path)["rules.yaml"]
+    assert document["apiVersion"] == 1 and set(document) == {"apiVersion", "groups"}
+    panels = {uid: {p["id"] for p in d["panels"]} for uid, d in ((b()["uid"], b()) for b in BUILDERS.values())}
+    uids = []
+    for group in document["groups"]:
+        assert group["orgId"] == 1 and group["name"].strip() and group["folder"] == "Training network"
+        assert DURATION.match(group["interval"]), group["interval"]
+        for rule in group["rules"]:
+            uids.append(rule["uid"])
+            assert 0 < len(rule["uid"]) <= 40 and rule["title"].strip()
+            refs = [q["refId"] for q in rule["data"]]
+            assert rule["condition"] in refs and len(set(refs)) == len(refs)
+            for query in rule["data"]:
+                _check_query(rule, query)
+            assert rule["noDataState"] in ("NoData", "Alerting", "OK", "KeepLast")
+            assert rule["execErrState"] in ("Error", "Alerting", "OK", "KeepLast")
+            assert DURATION.match(rule["for"]), rule["for"]
+            assert rule["panelId"] in panels[rule["dashboardUid"]], rule["uid"]
+            annotations = rule["annotations"]
+            assert annotations["__dashboardUid__"] == rule["dashboardUid"]
+            assert annotations["__panelId__"] == str(rule["panelId"])
+            assert annotations["summary"] and annotations["description"]
+            assert rule["labels"]["severity"] in ("critical", "warning")
+            # Grafana expands $NAME in labels (and in annotations, depending on the version):
+            for text in [*annotations.values(), *rule["labels"].values()]:
+                assert "$" not in text, rule["uid"]
+    assert len(uids) == len(set(uids)) == len(RULES)
+
+
+def test_every_rule_names_the_node_labels_in_its_description() -> None:
+    for rule in RULES:
+        if rule.uid.endswith("unavailable"):
+            continue  # about a store, not a node
+        assert "{{ .Labels.uid }}" in rule.description and "{{ .Labels.role }}" in rule.description, rule.uid
+        assert rule.no_data_reason and rule.exec_err_reason and rule.fired_by
+
+
+def test_no_placeholder_is_left_and_numbers_stay_numbers(tmp_path: Path) -> None:
+    rd.render_dir(ALERTING, tmp_path, {"ALERT_GPU_MEMORY_PERCENT": "90.5", "ALERT_NODE_SILENT_STEPS": "4"})
+    text = (tmp_path / "rules.yaml").read_text()
+    assert "${ALERT_" not in text
+    document = yaml.safe_load(text)
+    rules = {r["uid"]: r for g in document["groups"] for r in g["rules"]}
+    gpu = next(q for q in rules["telemetry-gpu-memory-high"]["data"] if q["model"].get("type") == "threshold")
+    assert gpu["model"]["conditions"][0]["evaluator"]["params"] == [90.5]
+    silent = rules["telemetry-node-silent"]["data"][0]
+    assert 'moving_average(count("window"), 4)' in silent["model"]["query"]
+    assert silent["relativeTimeRange"] == {"from": 3600, "to": 0}
+
+
+def test_every_placeholder_is_a_setting_and_every_setting_is_used() -> None:
+    text = "".join((ALERTING / name).read_text() for name in ("rules.yaml", *rd.CONTACT_FILES))
+    used = set(rd.PLACEHOLDER.findall(text))
+    assert used == set(st.BY_NAME), used ^ set(st.BY_NAME)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("ALERT_GPU_MEMORY_PERCENT", "95%"), ("ALERT_LOSS_WINDOW_SECONDS", "5m"), ("ALERT_NODE_SILENT_STEPS", "0"),
+     ("ALERT_WEBHOOK_TYPE", "teams"), ("ALERT_NO_SUCH_SETTING", "1")],
+)  # fmt: skip
+def test_a_malformed_setting_is_refused_with_its_name(name: str, value: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        st.resolve({name: value})
+
+
+def test_an_unknown_placeholder_is_refused() -> None:
+    with pytest.raises(ValueError, match="ALERT_TYPO"):
+        rd.fill("x: ${ALERT_TYPO}", st.defaults())
+
+
+def test_contact_points_only_when_configured_and_no_secret_in_a_file(tmp_path: Path) -> None:
+    assert set(rendered(tmp_path / "none")) == {"rules.yaml"}
+    files = rendered(tmp_path / "hook", {"ALERT_WEBHOOK_TYPE": "discord"}, {"ALERTING_WEBHOOK_URL": "https://x"})
+    assert set(files) == {"rules.yaml", "contact-point-webhook.yaml", "policies.yaml"}
+    receiver = files["contact-point-webhook.yaml"]["contactPoints"][0]["receivers"][0]
+    assert receiver["type"] == "discord"
+    assert receiver["settings"]["url"] == "${ALERTING_WEBHOOK_URL}"  # Grafana expands it; never written down
+    both = rendered(tmp_path / "both", env={"ALERTING_WEBHOOK_URL": "https://x", "ALERTING_EMAIL_ADDRESSES": "a@b"})
+    assert set(both) == {"rules.yaml", *rd.CONTACT_FILES, "policies.yaml"}
+    names = {cp["name"] for f in rd.CONTACT_FILES for cp in both[f]["contactPoints"]}
+    policy = both["policies.yaml"]["policies"][0]
+    assert names == {policy["receiver"]} and all(r["receiver"] in names for r in policy["routes"])
+    for name in rd.CONTACT_FILES:
+        for contact in both[name]["contactPoints"]:
+            for receiver in contact["receivers"]:
+                assert receiver["uid"] and receiver["type"] and receiver["settings"]
+                secrets = [v for v in receiver["settings"].values() if isinstance(v, str) and v.strip()]
+                assert all(REF.fullmatch(v) or v in ("true", "false") for v in secrets), receiver
+
+
+def test_settings_env_lists_every_setting_with_its_default() -> None:
+    lines = (ALERTING / "settings.env").read_text().splitlines()
+    pairs = dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
+    assert pairs == st.defaults()
+    assert st.resolve(pairs) == pairs
