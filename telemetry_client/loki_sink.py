@@ -26,7 +26,7 @@ from telemetry_client.loki_limits import (
     label_string,
     level_label,
 )
-from telemetry_client.loki_rejections import parse_rejections
+from telemetry_client.loki_rejections import parse_answer, parse_rate_limit, rate_limit_reason, same_stream
 from telemetry_client.self_log import warn
 from telemetry_client.shipping import Item, Verdict
 from telemetry_client.transport import HttpTransport, Response
@@ -158,9 +158,16 @@ def metadata_name(name: str) -> str:
 
 
 class LokiSink:
-    """Encodes log records for one set of static labels and one push URL."""
+    """Encodes log records for one set of static labels and one push URL.
+
+    Each push carries one stream (`batch_per_key`): Loki answers a push with the
+    result of its last stream only (pkg/ingester/instance.go), so a push of several
+    streams can be answered 204 while an earlier stream was refused. With one
+    stream per push the answer always covers every entry in it.
+    """
 
     name = "loki"
+    batch_per_key = True  # the item key is the stream
 
     def __init__(
         self,
@@ -248,29 +255,57 @@ class LokiSink:
         return _encode_sanitized({"streams": body}).encode("utf-8")
 
     def on_rejected(self, items: Sequence[Item], response: Response) -> Verdict | None:
-        """After a 400: the items Loki did not name as refused (it ignores the ones it already stored)."""
+        """After a 4xx: Loki stored every entry it did not name; the named ones are refused, with Loki's reason.
+
+        Nothing is ever resent: Loki keeps a second copy of an entry it already
+        stored once the stream's head block has moved on. The ingester lists at most
+        ten refused entries of a stream but gives their total; the difference is
+        counted refused too, so the counts stay exact.
+        """
         if response.status != 400:
             return None
-        rejections = parse_rejections(response.body.decode("utf-8", "replace"))
-        if not rejections:
-            return None
-        kept = []
+        rejections, totals = parse_answer(response.body.decode("utf-8", "replace"))
+        if not rejections and not totals:
+            return None  # a text this client cannot read: counted `rejected` as a whole
+        stored: list[Item] = []
+        refused: dict[str, int] = {}
+        refused_by_key: dict[str, int] = {}
         for item in items:
             key, ts, _line, metadata, line_bytes = item[0]
             labels = self.labels_by_key.get(key, {})
-            if not any(r.matches(labels, ts, line_bytes, metadata) for r in rejections):
-                kept.append(item)
+            rejection = next((r for r in rejections if r.matches(labels, ts, line_bytes, metadata)), None)
+            if rejection is None:
+                stored.append(item)
+            else:
+                refused[rejection.reason] = refused.get(rejection.reason, 0) + 1
+                refused_by_key[key] = refused_by_key.get(key, 0) + 1
+        for total in totals:  # entries refused beyond the ten the ingester lists
+            key = next((k for k, labels in self.labels_by_key.items() if same_stream(total.labels, labels)), None)
+            missing = total.count - refused_by_key.get(key, 0) if key is not None else 0
+            while missing > 0:
+                index = next((i for i in range(len(stored) - 1, -1, -1) if stored[i][2] == key), None)
+                if index is None:
+                    break
+                stored.pop(index)
+                refused[total.reason] = refused.get(total.reason, 0) + 1
+                missing -= 1
+        if not refused:
+            return None  # it named nothing we sent: a text this client cannot read
         for rejection in rejections:
             if rejection.line_longer_than is not None and rejection.line_longer_than < self.max_line_bytes:
                 warn.once(
                     "loki:max_line_size",
-                    "Loki's max_line_size is %d bytes, below max_line_bytes=%d: lower max_line_bytes to match",
+                    "Loki's max_line_size is %d bytes, below max_line_bytes=%d: lower max_line_bytes to match "
+                    "(longer lines are refused, not truncated)",
                     rejection.line_longer_than,
                     self.max_line_bytes,
                 )
-        if len(kept) == len(items):
-            return None  # it named nothing we sent: the batch cannot be repaired
-        return Verdict(refused={"rejected": len(items) - len(kept)}, resend=kept)
+        return Verdict(stored=stored, refused=refused)
+
+    def rate_limit(self, response: Response) -> tuple[str, int | None]:
+        """Loki's reason and limit (bytes per second) for a 429 answer, for the engine's split-and-retry."""
+        text = response.body.decode("utf-8", "replace")
+        return rate_limit_reason(text), parse_rate_limit(text)
 
     def on_idle(self, now: float) -> None:
         """Nothing periodic: the handler's counters are written by a watching MetricsLogger."""

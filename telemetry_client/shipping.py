@@ -37,6 +37,9 @@ from telemetry_client.transport import HttpTransport, Pending, Response, Transpo
 Item = tuple[Any, int, str]
 
 RETRYABLE_STATUS = frozenset({408, 425, 429})  # and every 5xx
+TOO_MANY_REQUESTS = 429
+SPLIT_AFTER_429S = 2  # consecutive 429s on a batch before it is halved
+GIVE_UP_AFTER_429S = 6  # consecutive 429s on a single item larger than the stated rate before it is dropped
 OVERLAP_CHUNK = 500  # records encoded between two looks at whether the server has answered
 
 
@@ -139,6 +142,7 @@ class _Batch:
     count: int = 0
     body: bytes = b""
     key_counts: dict[str, int] = field(default_factory=dict)
+    throttled: int = 0  # consecutive 429 answers
 
     @property
     def memory(self) -> int:
@@ -154,6 +158,7 @@ class Channel:
         self.settings = settings or BufferSettings()
         self._engine = get_engine()
         self._retains_items = bool(getattr(sink, "retains_items", True))
+        self._batch_per_key = bool(getattr(sink, "batch_per_key", False))
         self._reset_state()
         self._engine.register(self)
         lifecycle.maybe_install_sigterm_handler()
@@ -163,7 +168,7 @@ class Channel:
         self._intake: deque[Any] = deque()
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self._partial = _Batch()
+        self._partials: dict[str, _Batch] = {}  # one per key when the sink sends one key per request
         self._backlog: deque[_Batch] = deque()
         self._backlog_items = 0
         self._backlog_bytes = 0
@@ -217,20 +222,22 @@ class Channel:
             self.dropped[reason] = self.dropped.get(reason, 0) + count
 
     def _emit(self, item: Item) -> None:
-        batch = self._partial
-        if not batch.items:
-            batch.created = time.monotonic()
+        key = item[2] if self._batch_per_key else ""
+        batch = self._partials.get(key)
+        if batch is None:
+            batch = self._partials[key] = _Batch(created=time.monotonic())
         batch.items.append(item)
         batch.nbytes += item[1]
         if len(batch.items) >= self.settings.batch_items or batch.nbytes >= self.settings.batch_bytes:
-            self._seal_partial()
+            self._seal_partial(key)
 
-    def _seal_partial(self) -> None:
-        batch = self._partial
-        if not batch.items:
-            return
-        self._partial = _Batch()
-        self._seal(batch, append=True)
+    def _seal_partial(self, key: str) -> None:
+        batch = self._partials.pop(key, None)
+        if batch is not None and batch.items:
+            self._seal(batch, append=True)
+
+    def _partial_items(self) -> int:
+        return sum(len(batch.items) for batch in self._partials.values())
 
     def _seal(self, batch: _Batch, append: bool) -> None:
         """Build the batch's compressed body and put it in the backlog (at the end, or first)."""
@@ -301,9 +308,9 @@ class Channel:
         """Encode, batch and send what is due; return seconds until this channel next needs a wake-up."""
         with self._lock:
             self._encode_intake(2 * self.settings.batch_items)
-            partial = self._partial
-            if partial.items and (self._flush_requested or now - partial.created >= self.settings.flush_interval):
-                self._seal_partial()
+            for key, partial in list(self._partials.items()):
+                if self._flush_requested or now - partial.created >= self.settings.flush_interval:
+                    self._seal_partial(key)
             self._enforce_bounds(now)
             self._changed.notify_all()
         sent_any = self._send_due(deadline)
@@ -312,8 +319,8 @@ class Channel:
             if self._intake:
                 return 0.0
             waits = []
-            if self._partial.items:
-                waits.append(self._partial.created + self.settings.flush_interval - time.monotonic())
+            for partial in self._partials.values():
+                waits.append(partial.created + self.settings.flush_interval - time.monotonic())
             if self._backlog:
                 waits.append(0.0 if sent_any else self._next_attempt - time.monotonic())
             return max(0.0, min(waits)) if waits else self.settings.flush_interval
@@ -354,6 +361,10 @@ class Channel:
                 return True
             if response is not None and response.status < 500 and response.status not in RETRYABLE_STATUS:
                 return self._rejected(batch, response)
+            if response is not None and response.status == TOO_MANY_REQUESTS and batch.items:
+                batch.throttled += 1
+                if self._throttled(batch, response):
+                    return False
             self._schedule_retry(response, error)
             return False
 
@@ -423,6 +434,59 @@ class Channel:
             self._seal(_Batch(resend, sum(i[1] for i in resend), batch.created), append=False)
         return True
 
+    def _throttled(self, batch: _Batch, response: Response) -> bool:
+        """A batch answered 429 again: halve it (it may exceed the server's burst), or drop a lone item that never fits.
+
+        A rate limiter refuses a request larger than its burst forever, and Loki's
+        429 has no Retry-After; so a batch refused twice in a row is split in two,
+        down to one item. A lone item larger than the limit the server states
+        (bytes per second) that is still refused after several tries is dropped
+        and counted under the server's reason. True when the backlog changed and
+        the next attempt was scheduled.
+        """
+        reason, limit = "rate_limited", None
+        describe = getattr(self.sink, "rate_limit", None)
+        if describe is not None:
+            with contextlib.suppress(Exception):
+                reason, limit = describe(response)
+        message = response.body[:300].decode("utf-8", "replace").strip()
+        if batch.count > 1 and batch.throttled >= SPLIT_AFTER_429S:
+            self._pop_oldest()
+            half = batch.count // 2
+            for part in (batch.items[half:], batch.items[:half]):  # the first half ends up first
+                piece = _Batch(list(part), sum(i[1] for i in part), batch.created, throttled=batch.throttled - 1)
+                self._seal(piece, append=False)
+            self.retries += 1
+            self._next_attempt = time.monotonic() + backoff_delay(
+                1, self.settings.retry_base, self.settings.retry_cap, self._rng
+            )
+            warn.warning(
+                f"{self.sink.name}:split",
+                "%s: the server kept refusing a batch of %d items with 429 (%s): sending it in smaller parts",
+                self.sink.name,
+                batch.count,
+                message,
+            )
+            return True
+        size = batch.items[0][1]
+        if batch.count == 1 and batch.throttled >= GIVE_UP_AFTER_429S and limit is not None and size > limit:
+            self._pop_oldest()
+            self._drop(reason)
+            self._attempt = 0
+            warn.warning(
+                f"{self.sink.name}:too_large_for_limit",
+                "%s: dropped an item of %d bytes: the server refused it %d times with 429 and it is larger than "
+                "the %d bytes/s it allows, so it never fits the server's burst (Loki: ingestion_burst_size_mb or "
+                "per_stream_rate_limit_burst) (%s)",
+                self.sink.name,
+                size,
+                batch.throttled,
+                limit,
+                message,
+            )
+            return True
+        return False
+
     def _schedule_retry(self, response: Response | None, error: str | None) -> None:
         s = self.settings
         self._attempt += 1
@@ -449,7 +513,7 @@ class Channel:
 
     def pending(self) -> int:
         """Records and items not yet delivered or dropped (exact only with the lock held)."""
-        return len(self._intake) + len(self._partial.items) + self._backlog_items
+        return len(self._intake) + self._partial_items() + self._backlog_items
 
     def flush(self, timeout: float = 5.0) -> int:
         """Send everything buffered, waiting at most `timeout` seconds; return what is left."""
@@ -483,7 +547,7 @@ class Channel:
             self._closed = True
             self._drop("shutdown", self.pending())
             self._intake.clear()
-            self._partial = _Batch()
+            self._partials = {}
             self._backlog.clear()
             self._backlog_items = self._backlog_bytes = 0
         self._engine.unregister(self)
@@ -522,8 +586,8 @@ class Channel:
                 "batches": self.batches,
                 "retries": self.retries,
                 "bytes_sent": self.bytes_sent,
-                "pending": intake + len(self._partial.items) + self._backlog_items,
-                "pending_bytes": self._backlog_bytes + self._partial.nbytes,
+                "pending": intake + self._partial_items() + self._backlog_items,
+                "pending_bytes": self._backlog_bytes + sum(b.nbytes for b in self._partials.values()),
                 "dropped": sum(dropped.values()),
                 "dropped_by_reason": dropped,
                 "sent_by_key": dict(self.sent_by_key),

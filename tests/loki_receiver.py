@@ -1,28 +1,48 @@
-"""A local Loki push receiver that enforces Loki's documented push rules.
+"""A local Loki push receiver that models what a real Loki does with a push.
 
-Used by the tests, the simulator and the benchmark in place of a real Loki (none
+Used by the tests, the simulator and the benchmarks in place of a real Loki (none
 can run here). It listens on 127.0.0.1 and implements `POST /loki/api/v1/push`
-as Loki 3.x does for JSON:
+for JSON. Each rule below names the Loki source it models (grafana/loki, the
+3.x line unless said otherwise; the stack pins 3.7):
 
-* `Content-Type: application/json` only (protobuf is refused with 415: the client
-  must send JSON); `Content-Encoding: gzip` (or deflate) is decoded;
-* the body must be `{"streams": [{"stream": {name: value}, "values": [[ts, line], ...]}]}`,
-  a value optionally with a third element of structured metadata (string values),
-  timestamps strings of integer nanoseconds; anything else fails the whole push (400);
-* per stream: label name syntax `[a-zA-Z_][a-zA-Z0-9_]*` without a leading `__`,
-  at most 15 label names (Loki's own `service_name` not counted), name and value
-  lengths (1024 / 2048 bytes); a bad stream refuses all its entries;
-* per entry: line size (256KB), age and future limits when configured, structured
-  metadata limits, and (strict mode, on by default) timestamp order within one
-  push, which Loki 3 would accept but a correct client never breaks;
-* the valid entries are accepted and the refused ones named in a 400 answer in
-  Loki's own wording; an entry identical to a stored one (stream, timestamp and
-  line) is ignored, as Loki does; 204 when all is well.
+* decoding: `Content-Type: application/json` only (protobuf is refused with 415:
+  the client must send JSON); gzip/deflate bodies; any schema violation fails
+  the whole push with 400 and stores nothing (pkg/loghttp/push, pkg/util/unmarshal);
+* distributor validation, per stream then per entry (pkg/distributor/distributor.go
+  Push, pkg/distributor/validator.go, messages from pkg/validation/validate.go):
+  label syntax and counts refuse a whole stream; an entry too old
+  (`reject_old_samples_max_age`), too new (`creation_grace_period`), longer than
+  `max_line_size`, or with structured metadata when it is disallowed or too large
+  is refused alone. The messages are grouped by text as pkg/util/errors.go
+  GroupedErrors writes them ("N errors like: ...; ..."). Loki 3.6 lowercased
+  the line-size message ("max entry size ..."); `version` selects the wording;
+* the tenant's ingestion rate limit (pkg/distributor/distributor.go: one
+  `AllowN(validated bytes)` per push on a token bucket of `ingestion_rate_mb` and
+  `ingestion_burst_size_mb`, golang.org/x/time/rate semantics): when refused, the
+  push is answered 429 with RateLimitedErrorMsg, no Retry-After, nothing stored;
+  a push larger than the burst can never pass;
+* the ingester, stream by stream (pkg/ingester/instance.go Push): only the result
+  of the LAST stream of the push is returned, so an earlier stream's refusal is
+  lost when a later stream succeeds (204). Per stream (pkg/ingester/stream.go):
+  an entry identical to the stream's last line is skipped; the per-stream rate
+  limit (`per_stream_rate_limit` / `_burst`) refuses the whole stream with 429
+  when `shard_streams` is enabled (the 3.x default), else entry by entry; with
+  `max_chunk_age` set, entries older than the stream's newest minus half of it are
+  "too far behind"; the refused entries are listed (at most
+  `max_returned_stream_errors`, 10) with the stream's total;
+* de-duplication only inside the stream's head block (pkg/chunkenc unordered head
+  block: an identical timestamp and line is dropped while it is in the head
+  block, which is cut at `chunk_block_size`, 256KB): a resend after the block
+  was cut is stored again;
+* if no ingester error, the distributor's validation error is answered (400) after
+  the valid entries were stored; otherwise the ingester's error replaces it;
+* Loki adds `service_name` to each stream (pkg/distributor/distributor.go
+  parseStreamLabels, `discover_service_name` defaults in pkg/validation/limits.go),
+  not counted toward `max_label_names_per_series` (pkg/distributor/validator.go).
 
-Loki adds `service_name` to each stream (from `service`, `app`, ...); the receiver
-does the same, so messages name streams as Loki would. Fault injection: forced
-status codes with Retry-After, delayed answers, refused connections, entries
-refused by content.
+Switches (`Limits`) set every limit so tests can use a real server's values;
+`Limits.loki_defaults()` gives Loki 3.x's. Fault injection: forced status codes
+with Retry-After, delayed answers, refused connections, entries refused by content.
 """
 
 from __future__ import annotations
@@ -47,35 +67,98 @@ PUSH_PATH = "/loki/api/v1/push"
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 DIGITS = re.compile(r"[0-9]+")
 SERVICE_NAME = "service_name"
-# Loki's default discover_service_name: the first of these labels present names the service.
+MB = 1 << 20  # Loki's *_mb limits are MiB (pkg/validation/limits.go bytesInMB)
+# Loki 3.x's default discover_service_name (pkg/validation/limits.go): the first label present names the service.
 SERVICE_NAME_SOURCES = (
     "service",
     "app",
     "application",
+    "app_name",
     "name",
     "app_kubernetes_io_name",
     "container",
     "container_name",
+    "k8s_container_name",
     "component",
     "workload",
     "job",
+    "k8s_job_name",
 )
 
 
 @dataclass(frozen=True)
 class Limits:
-    """Loki 3.x `limits_config` defaults that apply to a push."""
+    """`limits_config` and ingester settings that apply to a push.
 
-    max_line_size: int = 256 * 1024
+    The defaults are permissive where Loki's would make unrelated tests depend on
+    the clock or on volume (no age window, no rate limits); `loki_defaults()` gives
+    Loki 3.x's own values (pkg/validation/limits.go, pkg/ingester/ingester.go).
+    """
+
+    max_line_size: int = 256 * 1024  # "256KB"
     max_label_names_per_series: int = 15
     max_label_name_length: int = 1024
     max_label_value_length: int = 2048
-    reject_old_samples_max_age: float | None = None  # seconds (Loki: 1 week when enabled)
+    reject_old_samples_max_age: float | None = None  # seconds (Loki: 1 week, reject_old_samples on)
     creation_grace_period: float | None = None  # seconds (Loki: 10 minutes)
     allow_structured_metadata: bool = True
     max_structured_metadata_size: int = 64 * 1024
     max_structured_metadata_entries_count: int = 128
     max_body_bytes: int | None = None  # decompressed
+    ingestion_rate_bytes: float | None = None  # per tenant, bytes/s (Loki: ingestion_rate_mb 4)
+    ingestion_burst_bytes: int | None = None  # (Loki: ingestion_burst_size_mb 6)
+    per_stream_rate_bytes: float | None = None  # bytes/s (Loki: per_stream_rate_limit 3MB)
+    per_stream_burst_bytes: int | None = None  # (Loki: per_stream_rate_limit_burst 15MB)
+    rate_limit_whole_stream: bool = True  # shard_streams.enabled, true by default in 3.x
+    max_chunk_age: float | None = None  # seconds; entries older than newest - age/2 are too far behind (Loki: 2h)
+    max_returned_stream_errors: int = 10
+    chunk_block_size: int = 262_144  # head block size: the de-duplication window
+
+    @classmethod
+    def loki_defaults(cls, **overrides: Any) -> Limits:
+        """Loki 3.x's defaults, with `overrides`."""
+        values: dict[str, Any] = dict(
+            reject_old_samples_max_age=7 * 86400.0,
+            creation_grace_period=600.0,
+            ingestion_rate_bytes=4.0 * MB,
+            ingestion_burst_bytes=6 * MB,
+            per_stream_rate_bytes=3.0 * MB,
+            per_stream_burst_bytes=15 * MB,
+            max_chunk_age=7200.0,
+        )
+        values.update(overrides)
+        return cls(**values)
+
+
+class TokenBucket:
+    """golang.org/x/time/rate's Limiter as Loki uses it: AllowN takes n tokens or refuses, never waits.
+
+    It starts full; n larger than the burst is never allowed.
+    """
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.tokens = float(burst)
+        self.last = time.monotonic()
+
+    def allow(self, n: int) -> bool:
+        now = time.monotonic()
+        self.tokens = min(float(self.burst), self.tokens + (now - self.last) * self.rate)
+        self.last = now
+        if n > self.tokens:
+            return False
+        self.tokens -= n
+        return True
+
+
+def datasize(n: float) -> str:
+    """c2h5oh/datasize ByteSize.String(), which Loki's flagext.ByteSize prints: the largest exact unit."""
+    n = int(n)
+    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n and n % size == 0:
+            return f"{n // size}{unit}"
+    return f"{n}B"
 
 
 @dataclass(frozen=True)
@@ -116,11 +199,23 @@ class _Fault:
 
 
 @dataclass
+class _Stream:
+    """An ingester stream: its last line, newest timestamp, head block and rate limiter."""
+
+    last_line: tuple[int, str] | None = None
+    highest: int | None = None
+    head: set[tuple[int, str]] = field(default_factory=set)
+    head_bytes: int = 0
+    limiter: TokenBucket | None = None
+
+
+@dataclass
 class _State:
     entries: list[Entry] = field(default_factory=list)
     requests: list[Request] = field(default_factory=list)
     refused: list[tuple[str, int, str]] = field(default_factory=list)  # (stream, ts, reason)
-    seen: set[tuple[str, int, str]] = field(default_factory=set)
+    streams: dict[tuple[str | None, str], _Stream] = field(default_factory=dict)  # (tenant, stream)
+    tenants: dict[str | None, TokenBucket] = field(default_factory=dict)
     duplicates: int = 0
 
 
@@ -164,8 +259,10 @@ class LokiReceiver:
         basic_auth: tuple[str, str] | None = None,
         bearer_token: str | None = None,
         port: int = 0,
+        version: tuple[int, int] = (3, 7),
     ) -> None:
         self.limits = limits or Limits()
+        self.version = version
         self.strict_order = strict_order
         self.dedupe = dedupe
         self.discover_service_name = discover_service_name
@@ -384,7 +481,7 @@ class LokiReceiver:
         return {**labels, SERVICE_NAME: source}
 
     def _stream_error(self, labels: dict[str, str], loki_labels: dict[str, str]) -> str | None:
-        """Loki's distributor label checks; a message if the stream is refused."""
+        """The distributor's label checks (pkg/distributor/validator.go ValidateLabels); a message if refused."""
         text = selector(labels)
         if not labels:
             return "error at least one label pair is required per stream"
@@ -396,20 +493,20 @@ class LokiReceiver:
                 value.encode("utf-8")
             except UnicodeEncodeError:
                 return f"Error parsing labels '{text}' with error: invalid UTF-8 in value of {name}"
+        stream = selector(loki_labels)
         count = len(loki_labels) - (1 if SERVICE_NAME in loki_labels else 0)
         if count > limits.max_label_names_per_series:
-            return f"entry for stream '{text}' has {count} label names; limit {limits.max_label_names_per_series}"
+            return f"entry for stream '{stream}' has {count} label names; limit {limits.max_label_names_per_series}"
         for name, value in labels.items():
             if len(name.encode()) > limits.max_label_name_length:
-                return f"stream '{text}' has label name too long: '{name}'"
+                return f"stream '{stream}' has label name too long: '{name}'"
             if len(value.encode()) > limits.max_label_value_length:
-                return f"stream '{text}' has label value too long: '{value}'"
+                return f"stream '{stream}' has label value too long: '{value}'"
         return None
 
-    def _entry_error(self, stream: str, ts: int, line: str, metadata: dict[str, str] | None) -> str | None:
-        """Loki's distributor entry checks; a message if the entry is refused."""
+    def _entry_error(self, stream: str, ts: int, line: str, metadata: dict[str, str] | None, now: int) -> str | None:
+        """The distributor's entry checks (pkg/distributor/validator.go ValidateEntry, in its order)."""
         limits = self.limits
-        now = time.time_ns()
         if limits.reject_old_samples_max_age is not None:
             oldest = now - int(limits.reject_old_samples_max_age * 1e9)
             if ts < oldest:
@@ -421,8 +518,10 @@ class LokiReceiver:
             return f"entry for stream '{stream}' has timestamp too new: {rfc3339(ts)}"
         size = len(line.encode("utf-8"))
         if size > limits.max_line_size:
+            # pkg/validation/validate.go LineTooLongErrorMsg; Loki 3.6 starts it in lowercase.
+            first = "max" if self.version >= (3, 6) else "Max"
             return (
-                f"Max entry size '{limits.max_line_size}' bytes exceeded for stream '{stream}' "
+                f"{first} entry size '{limits.max_line_size}' bytes exceeded for stream '{stream}' "
                 f"while adding an entry with length '{size}' bytes"
             )
         if metadata:
@@ -432,71 +531,204 @@ class LokiReceiver:
                     "Please see `limits_config.allow_structured_metadata` or contact your Loki administrator "
                     "to enable it."
                 )
-            md_size = sum(len(k.encode()) + len(v.encode()) for k, v in metadata.items())
+            md_size = _metadata_size(metadata)
             if md_size > limits.max_structured_metadata_size:
                 return (
                     f"stream '{stream}' has structured metadata too large: '{md_size}' bytes, "
-                    f"limit: '{limits.max_structured_metadata_size}' bytes."
+                    f"limit: '{limits.max_structured_metadata_size}' bytes. Please see "
+                    "`limits_config.max_structured_metadata_size` or contact your Loki administrator to increase it."
                 )
             if len(metadata) > limits.max_structured_metadata_entries_count:
                 return (
                     f"stream '{stream}' has too many structured metadata labels: '{len(metadata)}', "
-                    f"limit: '{limits.max_structured_metadata_entries_count}'."
+                    f"limit: '{limits.max_structured_metadata_entries_count}'. Please see "
+                    "`limits_config.max_structured_metadata_entries_count` or contact your Loki administrator "
+                    "to increase it."
                 )
         return None
 
     def _ingest(self, request: Request, streams: list[tuple[dict, list]], tenant: str | None) -> tuple[int, str, dict]:
+        """pkg/distributor/distributor.go Push: validate, rate-limit the tenant, then the ingester."""
         if not streams:
             return 422, "error at least one valid stream is required for ingestion\n", {}
+        now = time.time_ns()
         errors: list[str] = []
-        accepted: list[Entry] = []
         refused: list[tuple[str, int, str]] = []
-        with self._lock:
-            poison = list(self._poison)
-            seen = self._state.seen
-            for labels, values in streams:
-                loki_labels = self._loki_labels(labels)
-                stream = selector(loki_labels)
-                problem = self._stream_error(labels, loki_labels)
+        valid: list[tuple[dict[str, str], str, list[tuple[int, str, dict[str, str] | None]]]] = []
+        validated_bytes = validated_lines = 0
+        for labels, values in streams:
+            if not values:
+                continue  # "Return early if stream does not contain any entries"
+            loki_labels = self._loki_labels(labels)
+            stream = selector(loki_labels)
+            problem = self._stream_error(labels, loki_labels)
+            if problem is not None:
+                errors.append(problem)
+                refused.extend((stream, ts, problem) for ts, _, _ in values)
+                continue
+            kept = []
+            for ts, line, metadata in values:
+                problem = self._entry_error(stream, ts, line, metadata, now)
                 if problem is not None:
                     errors.append(problem)
-                    refused.extend((stream, ts, problem) for ts, _, _ in values)
+                    refused.append((stream, ts, problem))
                     continue
-                ingester: list[str] = []
-                last_ts: int | None = None
-                for ts, line, metadata in values:
-                    problem = self._entry_error(stream, ts, line, metadata)
-                    if problem is not None:
-                        errors.append(problem)
-                        refused.append((stream, ts, problem))
-                        continue
-                    reason = next((r for text, r in poison if text in line), None)
-                    if reason is None and self.strict_order and last_ts is not None and ts < last_ts:
-                        reason = "entry out of order"
-                    if reason is not None:
-                        ingester.append(f"entry with timestamp {go_time(ts)} ignored, reason: '{reason}',")
-                        refused.append((stream, ts, reason))
-                        continue
-                    last_ts = ts
-                    key = (stream, ts, line)
-                    if self.dedupe and key in seen:
-                        self._state.duplicates += 1
-                        continue
-                    seen.add(key)
-                    accepted.append(Entry(dict(labels), stream, ts, line, metadata, tenant))
-                if ingester:
-                    ingester.append(
-                        f"user '{tenant or 'fake'}', total ignored: {len(ingester)} out of {len(values)} "
-                        f"for stream: {stream}"
-                    )
-                    errors.append("\n".join(ingester))
-            self._state.entries.extend(accepted)
-            self._state.refused.extend(refused)
+                kept.append((ts, line, metadata))
+                validated_bytes += _entry_size(line, metadata)  # util.EntryTotalSize
+                validated_lines += 1
+            if kept:
+                valid.append((labels, stream, kept))
+        validation = (400, grouped(errors) + "\n", {}) if errors else (204, "", {})
+        accepted: list[Entry] = []
+        with self._changed:
+            state = self._state
+            refused_before = len(state.refused)
+            state.refused.extend(refused)
+            answer = validation
+            limits = self.limits
+            bucket = None
+            if valid and limits.ingestion_rate_bytes is not None:
+                bucket = state.tenants.get(tenant)
+                if bucket is None:
+                    burst = limits.ingestion_burst_bytes or int(limits.ingestion_rate_bytes)
+                    bucket = state.tenants[tenant] = TokenBucket(limits.ingestion_rate_bytes, burst)
+            if bucket is not None and not bucket.allow(validated_bytes):
+                message = (
+                    f"Ingestion rate limit exceeded for user {tenant or 'fake'} (limit: {int(bucket.rate)} bytes/sec) "
+                    f"while attempting to ingest '{validated_lines}' lines totaling '{validated_bytes}' bytes, "
+                    "reduce log volume or contact your Loki administrator to see if the limit can be increased"
+                )
+                for _, stream, kept in valid:
+                    state.refused.extend((stream, ts, "rate_limited") for ts, _, _ in kept)
+                answer = (429, message + "\n", {})  # no Retry-After header (pkg/distributor/http.go)
+            elif valid:
+                ingester_error: tuple[int, str, dict] | None = None
+                for labels, stream, kept in valid:
+                    # pkg/ingester/instance.go: `_, appendErr = s.Push(...)`: the last stream's result wins.
+                    ingester_error = self._push_stream(labels, stream, kept, tenant, accepted)
+                if ingester_error is not None:
+                    answer = ingester_error
+            state.entries.extend(accepted)
+            request.accepted, request.refused = len(accepted), len(state.refused) - refused_before
             self._changed.notify_all()
-        request.accepted, request.refused = len(accepted), len(refused)
-        if errors:
-            return 400, "\n".join(errors) + "\n", {}
-        return 204, "", {}
+        return answer
+
+    def _push_stream(
+        self,
+        labels: dict[str, str],
+        stream: str,
+        values: list[tuple[int, str, dict[str, str] | None]],
+        tenant: str | None,
+        accepted: list[Entry],
+    ) -> tuple[int, str, dict] | None:
+        """pkg/ingester/stream.go Push for one stream: the error it returns, or None."""
+        limits = self.limits
+        state = self._state
+        st = state.streams.get((tenant, stream))
+        if st is None:
+            st = state.streams[(tenant, stream)] = _Stream()
+            if limits.per_stream_rate_bytes is not None:
+                burst = limits.per_stream_burst_bytes or int(limits.per_stream_rate_bytes)
+                st.limiter = TokenBucket(limits.per_stream_rate_bytes, burst)
+        failed: list[tuple[int, str]] = []  # (ts, reason)
+        to_store: list[tuple[int, str, dict[str, str] | None]] = []
+        last_line, highest = st.last_line, st.highest
+        valid_bytes = 0
+        push_last: int | None = None
+        poison = list(self._poison)
+        for ts, line, metadata in values:
+            # validateEntries: an entry identical to the stream's last line is skipped silently.
+            if self.dedupe and last_line == (ts, line):
+                state.duplicates += 1
+                continue
+            size = _entry_size(line, metadata)
+            if not limits.rate_limit_whole_stream and st.limiter is not None and not st.limiter.allow(size):
+                failed.append((ts, self._stream_rate_error(st.limiter, stream, size)))
+                continue
+            if limits.max_chunk_age is not None and highest is not None:
+                cutoff = highest - int(limits.max_chunk_age * 1e9) // 2
+                if ts < cutoff:
+                    failed.append(
+                        (
+                            ts,
+                            f"entry too far behind, entry timestamp is: {rfc3339(ts)}, "
+                            f"oldest acceptable timestamp is: {rfc3339(cutoff)}",
+                        )
+                    )
+                    continue
+            reason = next((r for text, r in poison if text in line), None)  # fault injection
+            if reason is None and self.strict_order and push_last is not None and ts < push_last:
+                reason = "entry out of order"  # a client check within one push (Loki 3 accepts unordered writes)
+            if reason is not None:
+                failed.append((ts, reason))
+                continue
+            valid_bytes += size
+            last_line, push_last = (ts, line), ts
+            highest = ts if highest is None else max(highest, ts)
+            to_store.append((ts, line, metadata))
+        if limits.rate_limit_whole_stream and st.limiter is not None and to_store and not st.limiter.allow(valid_bytes):
+            state.refused.extend((stream, ts, reason) for ts, reason in failed)  # refused before the limit
+            failed = [
+                (ts, self._stream_rate_error(st.limiter, stream, _entry_size(line, md))) for ts, line, md in to_store
+            ]
+            state.refused.extend((stream, ts, "per_stream_rate_limit") for ts, _ in failed)
+            return self._ingester_error(failed, len(values), stream, tenant, rate_limited=True)
+        for ts, line, metadata in to_store:
+            key = (ts, line)
+            if self.dedupe and key in st.head:  # the head block drops an identical entry
+                state.duplicates += 1
+            else:
+                accepted.append(Entry(dict(labels), stream, ts, line, metadata, tenant))
+                st.head.add(key)
+                st.head_bytes += len(line.encode("utf-8"))
+                if st.head_bytes >= limits.chunk_block_size:  # MemChunk cuts the head block
+                    st.head, st.head_bytes = set(), 0
+            st.last_line = key
+            st.highest = ts if st.highest is None else max(st.highest, ts)
+        state.refused.extend((stream, ts, reason) for ts, reason in failed)
+        if not failed:
+            return None
+        return self._ingester_error(failed, len(values), stream, tenant, rate_limited="rate limit" in failed[-1][1])
+
+    def _stream_rate_error(self, limiter: TokenBucket, stream: str, size: int) -> str:
+        """pkg/validation/validate.go ErrStreamRateLimit.Error()."""
+        return (
+            f"Per stream rate limit exceeded (limit: {datasize(limiter.rate)}/sec) while attempting to ingest for "
+            f"stream '{stream}' totaling {datasize(size)}, consider splitting a stream via additional labels or "
+            "contact your Loki administrator to see if the limit can be increased"
+        )
+
+    def _ingester_error(
+        self, failed: list[tuple[int, str]], total: int, stream: str, tenant: str | None, rate_limited: bool
+    ) -> tuple[int, str, dict]:
+        """pkg/ingester/stream.go errorForFailedEntries: listed entries (at most N), then the stream's total."""
+        lines = [
+            f"entry with timestamp {go_time(ts)} ignored, reason: '{reason}',"
+            for ts, reason in failed[: self.limits.max_returned_stream_errors]
+        ]
+        lines.append(f"user '{tenant or 'fake'}', total ignored: {len(failed)} out of {total} for stream: {stream}")
+        return (429 if rate_limited else 400), "\n".join(lines) + "\n", {}
+
+
+def _metadata_size(metadata: dict[str, str] | None) -> int:
+    return sum(len(k.encode()) + len(v.encode()) for k, v in (metadata or {}).items())
+
+
+def _entry_size(line: str, metadata: dict[str, str] | None) -> int:
+    """pkg/util EntryTotalSize: the line's bytes plus the structured metadata's names and values."""
+    return len(line.encode("utf-8")) + _metadata_size(metadata)
+
+
+def grouped(messages: list[str]) -> str:
+    """pkg/util/errors.go GroupedErrors.Error(): each distinct text once, counted when needed.
+
+    Go's map iteration makes Loki's order unspecified; this keeps first-seen order.
+    """
+    counts: dict[str, int] = {}
+    for message in messages:
+        counts[message] = counts.get(message, 0) + 1
+    many = len(counts) > 1
+    return "; ".join(f"{n} errors like: {m}" if many or n > 1 else m for m, n in counts.items())
 
 
 def _parse_push(payload: Any) -> list[tuple[dict[str, str], list[tuple[int, str, dict[str, str] | None]]]]:

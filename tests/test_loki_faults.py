@@ -33,7 +33,11 @@ def handlers() -> Iterator[list[LokiHandler]]:
 
 
 def shipping_logger(
-    receiver: LokiReceiver, handlers: list[LokiHandler], read_timeout: float = 2.0, **buffer: object
+    receiver: LokiReceiver,
+    handlers: list[LokiHandler],
+    read_timeout: float = 2.0,
+    structured_metadata: bool = False,
+    **buffer: object,
 ) -> tuple[logging.Logger, LokiHandler]:
     handler = LokiHandler(
         receiver.base_url,
@@ -41,6 +45,7 @@ def shipping_logger(
         buffer=BufferSettings(**{**FAST, **buffer}),
         connect_timeout=0.5,
         read_timeout=read_timeout,
+        structured_metadata=structured_metadata,
     )
     handlers.append(handler)
     logger = logging.getLogger(f"test.faults.{uuid.uuid4().hex[:8]}")
@@ -141,9 +146,9 @@ def test_a_400_naming_an_entry_drops_only_that_entry(receiver, handlers):
     log_ids(logger, range(10, 20))
     assert handler.flush(20) == 0
     assert received_ids(receiver) == Counter({str(i): 1 for i in range(20)})
-    assert receiver.duplicates == 20  # Loki had stored the rest already and ignores their resend
+    assert receiver.duplicates == 0 and len(receiver.requests) == 1  # Loki stored the rest: nothing is resent
     stats = handler.stats()
-    assert stats["dropped_by_reason"] == {"rejected": 1}
+    assert stats["dropped_by_reason"] == {"too_far_behind": 1}
     assert stats["sent"] == 20
     assert "entry too far behind" in stats["last_error"]
 
@@ -160,7 +165,8 @@ def test_a_400_for_a_too_old_entry_drops_only_it():
             log_ids(logger, range(5, 10))
             assert handler.flush(20) == 0
             assert received_ids(receiver) == Counter({str(i): 1 for i in range(10)})
-            assert handler.stats()["dropped_by_reason"] == {"rejected": 1}
+            assert handler.stats()["dropped_by_reason"] == {"greater_than_max_sample_age": 1}
+            assert handler.stats()["sent"] == 10 and receiver.duplicates == 0
         finally:
             for h in handlers:
                 h.close(1)
@@ -205,3 +211,101 @@ def test_a_forked_child_ships_its_own_lines_and_never_its_parents(receiver, hand
     assert handler.flush(10) == 0
     assert received_ids(receiver) == Counter({str(i): 1 for i in range(150)})
     assert {e.json()["pid"] for e in receiver.entries if e.json()["message"] == "child"} == {pid}
+
+
+# ---- exact accounting against Loki's behaviour: what Loki stored is counted sent, once -------------
+
+
+def exact(receiver: LokiReceiver, handler: LokiHandler, logged: int) -> dict:
+    """Every line logged is either stored once and counted sent, or counted dropped with a reason."""
+    stats = handler.stats()
+    ids = received_ids(receiver)
+    assert set(ids.values()) <= {1}, "a line was stored twice"
+    assert receiver.duplicates == 0
+    assert stats["sent"] == receiver.count() == len(ids)
+    assert stats["sent"] + stats["dropped"] == logged
+    return stats
+
+
+def old_record(logger: logging.Logger, ident: str, seconds: float) -> logging.LogRecord:
+    record = logger.makeRecord(logger.name, logging.INFO, __file__, 1, "replayed", (), None, extra={"id": ident})
+    record.created -= seconds
+    return record
+
+
+@pytest.mark.parametrize("heavy_first", [True, False])
+def test_a_stream_over_its_rate_limit_is_never_lost_behind_another_stream(handlers, heavy_first):
+    limits = Limits(per_stream_rate_bytes=40_000, per_stream_burst_bytes=20_000)
+    with LokiReceiver(limits=limits) as receiver:
+        logger, handler = shipping_logger(receiver, handlers, flush_interval=30)
+        heavy = lambda: [logger.info("heavy %s", "x" * 100, extra={"id": f"h{i}"}) for i in range(400)]  # noqa: E731
+        light = lambda: [logger.error("light", extra={"id": f"l{i}"}) for i in range(20)]  # noqa: E731
+        for part in (heavy, light) if heavy_first else (light, heavy):
+            part()
+        assert handler.flush(60) == 0
+        stats = exact(receiver, handler, 420)
+        assert stats["sent"] == 420  # the heavy stream was split until it fitted its burst
+        assert any(r.status == 429 for r in receiver.requests)
+
+
+def test_35_too_old_and_1001_valid_lines_are_stored_once_and_counted_exactly(handlers):
+    with LokiReceiver(limits=Limits(reject_old_samples_max_age=3600)) as receiver:
+        logger, handler = shipping_logger(receiver, handlers, flush_interval=30)
+        for i in range(35):
+            logger.handle(old_record(logger, f"old{i}", 7200))
+        log_ids(logger, range(1001))
+        assert handler.flush(20) == 0
+        stats = exact(receiver, handler, 1036)
+        assert stats["sent"] == 1001 and stats["dropped_by_reason"] == {"greater_than_max_sample_age": 35}
+        assert len(receiver.requests) == 1  # nothing resent
+
+
+def test_600_lines_pushed_with_a_refused_one_are_stored_once_and_the_limit_is_named(handlers, caplog):
+    with LokiReceiver(limits=Limits(max_line_size=2000), version=(3, 6)) as receiver:
+        logger, handler = shipping_logger(receiver, handlers, flush_interval=30)
+        for i in range(600):
+            logger.info("%s", "y" * 420, extra={"id": str(i)})  # ~290 KB in all: beyond Loki's head block
+        logger.error("%s", "traceback " * 400, extra={"id": "long"})
+        with caplog.at_level(logging.WARNING, logger="telemetry_client"):
+            assert handler.flush(20) == 0
+        stats = exact(receiver, handler, 601)
+        assert stats["sent"] == 600 and stats["dropped_by_reason"] == {"line_too_long": 1}
+        assert "max_line_size is 2000 bytes, below max_line_bytes=256000" in caplog.text
+
+
+def test_entries_with_metadata_are_refused_alone_when_loki_disallows_it(handlers):
+    with LokiReceiver(limits=Limits(allow_structured_metadata=False)) as receiver:
+        logger, handler = shipping_logger(receiver, handlers, structured_metadata=True, flush_interval=30)
+        for i in range(10):
+            logger.info("plain", extra={"id": str(i)} if i % 2 else None)
+        assert handler.flush(20) == 0
+        stats = handler.stats()
+        assert stats["sent"] == receiver.count() == 5
+        assert stats["dropped_by_reason"] == {"disallowed_structured_metadata": 5}
+
+
+def test_a_batch_larger_than_the_tenant_burst_is_split_until_it_fits(handlers):
+    limits = Limits(ingestion_rate_bytes=400_000, ingestion_burst_bytes=100_000)
+    with LokiReceiver(limits=limits) as receiver:
+        logger, handler = shipping_logger(receiver, handlers, flush_interval=30)
+        for i in range(2000):
+            logger.info("%s", "z" * 150, extra={"id": str(i)})  # ~450 KB: one batch, 4x the burst
+        assert handler.flush(60) == 0
+        stats = exact(receiver, handler, 2000)
+        assert stats["sent"] == 2000
+        first = receiver.requests[0]
+        assert first.status == 429 and first.message.startswith("Ingestion rate limit exceeded for user fake")
+
+
+def test_an_entry_larger_than_the_burst_is_dropped_and_the_limit_named(handlers, caplog):
+    limits = Limits(ingestion_rate_bytes=5_000, ingestion_burst_bytes=10_000)
+    with LokiReceiver(limits=limits) as receiver:
+        logger, handler = shipping_logger(receiver, handlers, flush_interval=30)
+        log_ids(logger, range(5))
+        logger.info("%s", "w" * 50_000, extra={"id": "huge"})
+        log_ids(logger, range(5, 10))
+        with caplog.at_level(logging.WARNING, logger="telemetry_client"):
+            assert handler.flush(60) == 0
+        stats = exact(receiver, handler, 11)
+        assert stats["sent"] == 10 and stats["dropped_by_reason"] == {"rate_limited": 1}
+        assert "larger than the 5000 bytes/s it allows" in caplog.text

@@ -9,9 +9,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from loki_receiver import Limits, LokiReceiver, go_time
+from grafana_receiver import logql_query
+from loki_receiver import Limits, LokiReceiver, datasize, go_time
 
-from telemetry_client.loki_rejections import parse_rejections
+from telemetry_client.loki_rejections import parse_answer, parse_rate_limit, parse_rejections
 
 NOW = 1_700_000_000_000_000_000
 
@@ -132,12 +133,15 @@ def test_fifteen_labels_are_fine_and_service_name_is_not_counted(receiver):
     assert "service_name" in receiver.entries[0].stream
 
 
-def test_an_over_long_line_is_refused_by_name_and_the_rest_accepted():
-    with LokiReceiver(limits=Limits(max_line_size=100)) as receiver:
+@pytest.mark.parametrize(("version", "first_word"), [((3, 7), "max"), ((3, 6), "max"), ((3, 5), "Max")])
+def test_an_over_long_line_is_refused_by_name_and_the_rest_accepted(version, first_word):
+    with LokiReceiver(limits=Limits(max_line_size=100), version=version) as receiver:
         labels = {"service": "miner", "level": "info"}
         status, text, _ = post(receiver, push((labels, [[str(NOW), "short"], [str(NOW + 1), "x" * 101]])))
         assert status == 400
-        assert "Max entry size '100' bytes exceeded for stream" in text and "length '101' bytes" in text
+        assert (
+            text.startswith(f"{first_word} entry size '100' bytes exceeded for stream") and "length '101' bytes" in text
+        )
         assert receiver.lines() == ["short"]
         (rejection,) = parse_rejections(text)
         assert rejection.matches(labels, NOW + 1, 101, None)
@@ -214,3 +218,128 @@ def test_tenant_and_auth_are_enforced_when_configured():
         assert post(receiver, body, headers={"X-Scope-OrgID": "t1", "Authorization": "Bearer wrong"})[0] == 401
         assert post(receiver, body, headers={"X-Scope-OrgID": "t1", "Authorization": "Bearer s3cret"})[0] == 204
         assert receiver.entries[0].tenant == "t1"
+
+
+# ---- what a real Loki does beyond validation ---------------------------------------------
+
+
+def values(count: int, start: int = NOW, width: int = 0, text: str = "line") -> list[list[str]]:
+    return [[str(start + i), f"{text} {i:06d}".ljust(width, ".")] for i in range(count)]
+
+
+def test_too_old_entries_are_refused_grouped_and_the_valid_ones_stored():
+    with LokiReceiver(limits=Limits(reject_old_samples_max_age=3600)) as receiver:
+        now = time.time_ns()
+        old = [[str(now - 7200 * 10**9), f"old {i}"] for i in range(35)]  # one second: one grouped message
+        status, text, _ = post(receiver, push(({"app": "web"}, old + values(1001, start=now))))
+        assert status == 400
+        assert text.startswith(
+            '35 errors like: entry for stream \'{app="web", service_name="web"}\' has timestamp too old'
+        )
+        assert text.count("too old") == 1
+        assert receiver.count() == 1001 and len(receiver.refused) == 35
+
+
+def test_distinct_problems_are_each_counted_as_loki_groups_them():
+    with LokiReceiver(limits=Limits(max_line_size=10, allow_structured_metadata=False)) as receiver:
+        body = push(({"a": "b"}, [[str(NOW), "x" * 11], [str(NOW + 1), "y" * 12], [str(NOW + 2), "z", {"k": "v"}]]))
+        status, text, _ = post(receiver, body)
+        assert status == 400 and receiver.count() == 0
+        parts = text.strip().split("; ")
+        assert len(parts) == 3 and all(p.startswith("1 errors like: ") for p in parts)
+
+
+def test_identical_entries_are_dropped_only_inside_the_head_block():
+    with LokiReceiver(limits=Limits(chunk_block_size=256 * 1024)) as receiver:
+        small = push(({"a": "b"}, values(10)))
+        assert post(receiver, small)[0] == 204 and post(receiver, small)[0] == 204
+        assert receiver.count() == 10 and receiver.duplicates == 10  # still in the head block
+        big = push(({"a": "c"}, values(600, width=483)))  # ~290 KB: the head block is cut during the push
+        assert post(receiver, big)[0] == 204 and post(receiver, big)[0] == 204
+        assert sum(e.labels == {"a": "c"} for e in receiver.entries) == 1200  # Loki stored every line twice
+
+
+def test_only_the_last_failing_stream_is_reported():
+    limits = Limits(per_stream_rate_bytes=1000, per_stream_burst_bytes=4000)
+    with LokiReceiver(limits=limits) as receiver:
+        heavy, light = ({"app": "heavy"}, values(400, width=20)), ({"app": "light"}, values(20))
+        status, text, _ = post(receiver, push(heavy, light))
+        assert status == 204 and text == ""  # the heavy stream's 429 was overwritten by the light stream's success
+        assert receiver.count() == 20 and len(receiver.refused) == 400
+        status, text, headers = post(
+            receiver, push(({"app": "light2"}, values(5)), ({"app": "heavy2"}, values(400, width=20)))
+        )
+        assert status == 429 and "Retry-After" not in headers
+        assert text.startswith("entry with timestamp ") and "Per stream rate limit exceeded (limit: 1000B/sec)" in text
+        assert text.count("ignored, reason:") == 10  # max_returned_stream_errors
+        assert 'total ignored: 400 out of 400 for stream: {app="heavy2", service_name="heavy2"}' in text
+
+
+def test_per_stream_limit_entry_by_entry_stores_what_fits():
+    limits = Limits(per_stream_rate_bytes=1, per_stream_burst_bytes=100, rate_limit_whole_stream=False)
+    with LokiReceiver(limits=limits) as receiver:
+        status, text, _ = post(receiver, push(({"a": "b"}, values(10))))  # 11 bytes each: 9 fit in 100
+        assert status == 429 and receiver.count() == 9
+        assert "total ignored: 1 out of 10" in text
+
+
+def test_the_tenant_rate_limit_answers_429_without_retry_after_and_stores_nothing():
+    with LokiReceiver(limits=Limits(ingestion_rate_bytes=104857, ingestion_burst_bytes=200_000)) as receiver:
+        body = push(({"a": "b"}, values(4032, width=228)))
+        status, text, headers = post(receiver, body)
+        assert status == 429 and "Retry-After" not in headers and receiver.count() == 0
+        assert text.startswith("Ingestion rate limit exceeded for user fake (limit: 104857 bytes/sec) while ")
+        assert "'4032' lines totaling '919296' bytes" in text
+        assert parse_rate_limit(text) == 104857
+        assert post(receiver, body)[0] == 429  # larger than the burst: it never fits
+        assert post(receiver, push(({"a": "b"}, values(100, width=228))))[0] == 204
+
+
+def test_entries_too_far_behind_the_stream_are_refused_by_the_ingester():
+    with LokiReceiver(limits=Limits(max_chunk_age=7200), strict_order=False) as receiver:
+        assert post(receiver, push(({"a": "b"}, [[str(NOW), "new"]])))[0] == 204
+        late = NOW - 3601 * 10**9
+        status, text, _ = post(receiver, push(({"a": "b"}, [[str(late), "late"], [str(NOW - 10**9), "ok"]])))
+        assert status == 400 and f"entry with timestamp {go_time(late)} ignored, reason: 'entry too far behind" in text
+        assert receiver.lines() == ["new", "ok"]
+
+
+def test_service_name_comes_from_the_first_known_label_and_is_not_counted():
+    with LokiReceiver() as receiver:
+        assert post(receiver, push(({"job": "j", "app": "web"}, values(1)), ({"x": "y"}, values(1))))[0] == 204
+        assert [e.stream for e in receiver.entries] == [
+            '{app="web", job="j", service_name="web"}',
+            '{service_name="unknown_service", x="y"}',
+        ]
+
+
+def test_every_refusal_the_receiver_writes_is_read_back_by_the_client_parser():
+    limits = Limits(reject_old_samples_max_age=3600, creation_grace_period=600, max_line_size=50)
+    with LokiReceiver(limits=limits) as receiver:
+        now = time.time_ns()
+        labels = {"service": "miner", "level": "info"}
+        sent = [
+            (now - 7200 * 10**9, "old"),
+            (now + 7200 * 10**9, "new"),
+            (now, "x" * 51),
+            (now + 1, "fine"),
+        ]
+        status, text, _ = post(receiver, push((labels, [[str(ts), line] for ts, line in sent])))
+        assert status == 400
+        rejections, _ = parse_answer(text)
+        reasons = [
+            next((r.reason for r in rejections if r.matches(labels, ts, len(line), None)), None) for ts, line in sent
+        ]
+        assert reasons == ["greater_than_max_sample_age", "too_far_in_future", "line_too_long", None]
+
+
+def test_json_fields_that_clash_with_a_stream_label_are_renamed_extracted(receiver):
+    line = json.dumps({"level": "error", "message": "boom"})
+    assert post(receiver, push(({"service": "m", "level": "info"}, [[str(NOW), line]])))[0] == 204
+    data = logql_query('{service="m"} | json', receiver.entries, NOW - 10, NOW + 10, None)
+    (stream,) = data["result"]
+    assert stream["stream"]["level"] == "info" and stream["stream"]["level_extracted"] == "error"
+
+
+def test_datasize_prints_like_loki():
+    assert [datasize(n) for n in (3 << 20, 1536, 2048, 1000, 15 << 20)] == ["3MB", "1536B", "2KB", "1000B", "15MB"]

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pytest
+
 from telemetry_client.loki_limits import label_string
 from telemetry_client.loki_rejections import (
     Rejection,
+    parse_answer,
     parse_go_time,
     parse_labels,
+    parse_rate_limit,
     parse_rejections,
     parse_rfc3339,
+    rate_limit_reason,
     same_stream,
 )
 from telemetry_client.loki_sink import LokiSink
@@ -58,8 +66,9 @@ def test_ingester_answer_of_loki_3_names_entries_then_the_stream():
         f"user 'fake', total ignored: 2 out of 5 for stream: {LOKI_VIEW}"
     )
     rejections = parse_rejections(text)
-    assert Rejection(parse_labels(LOKI_VIEW), ts_from=T0, ts_to=T0 + 1) in rejections
-    assert Rejection(parse_labels(LOKI_VIEW), ts_from=T0 + 500_000_000, ts_to=T0 + 500_000_001) in rejections
+    assert Rejection("too_far_behind", parse_labels(LOKI_VIEW), ts_from=T0, ts_to=T0 + 1) in rejections
+    view = parse_labels(LOKI_VIEW)
+    assert Rejection("out_of_order", view, ts_from=T0 + 500_000_000, ts_to=T0 + 500_000_001) in rejections
 
     def refused(ts: int, labels: dict = OURS) -> bool:
         return any(r.matches(labels, ts, 10, None) for r in rejections)
@@ -138,19 +147,81 @@ def _items(sink: LokiSink, count: int) -> list:
     return items
 
 
-def test_the_sink_keeps_what_was_not_named_and_drops_the_batch_otherwise():
+def test_the_sink_counts_what_was_not_named_as_stored_and_never_resends():
     sink = _sink()
     items = _items(sink, 3)
     text = (
         f"entry with timestamp 2024-05-06 15:58:50.000000001 +0000 UTC ignored, reason: 'x',\nfor stream: {LOKI_VIEW}"
     )
     verdict = sink.on_rejected(items, Response(400, text.encode(), None))
-    assert list(verdict.resend) == [items[0], items[2]]
+    assert list(verdict.stored) == [items[0], items[2]] and not verdict.resend
     assert dict(verdict.refused) == {"rejected": 1}
     assert sink.on_rejected(items, Response(400, b"no idea", None)) is None
     assert sink.on_rejected(items, Response(401, text.encode(), None)) is None
     other = "entry with timestamp 2024-05-06 15:58:50 +0000 UTC ignored, reason: 'x',\nfor stream: {service=\"other\"}"
     assert sink.on_rejected(items, Response(400, other.encode(), None)) is None  # names nothing we sent
+
+
+def test_the_ingester_total_counts_refused_entries_beyond_the_ten_it_lists():
+    sink = _sink()
+    items = _items(sink, 30)
+    listed = "".join(
+        f"entry with timestamp 2024-05-06 15:58:50.{i:09d} +0000 UTC ignored, reason: 'entry out of order',\n"
+        for i in range(10)
+    )
+    text = listed + f"user 'fake', total ignored: 25 out of 30 for stream: {LOKI_VIEW}"
+    verdict = sink.on_rejected(items, Response(400, text.encode(), None))
+    assert dict(verdict.refused) == {"out_of_order": 25} and len(verdict.stored) == 5
+
+
+CORPUS = json.loads((Path(__file__).parent / "data" / "loki_push_errors.json").read_text())
+
+
+@pytest.mark.parametrize("message", CORPUS["messages"], ids=lambda m: f"{m['version']}-{m['reason']}")
+def test_every_known_loki_message_selects_exactly_the_refused_entries(message):
+    ours = CORPUS["stream"]
+    rejections, _ = parse_answer(message["text"])
+    assert message["source"] and message["version"]
+
+    def reason(entry: list) -> str | None:
+        ts, line_bytes, has_metadata = entry[:3]
+        metadata = {"k": "v"} if has_metadata else None
+        return next((r.reason for r in rejections if r.matches(ours, ts, line_bytes, metadata)), None)
+
+    for entry in message["refused"]:
+        assert reason(entry) == (entry[3] if len(entry) > 3 else message["reason"]), entry
+    for entry in message["kept"]:
+        assert reason(entry) is None, entry
+    for other in ({**ours, "level": "error"}, {"service": "validator"}):
+        assert not any(r.labels is not None and r.matches(other, 0, 10**6, {"k": "v"}) for r in rejections)
+
+
+@pytest.mark.parametrize("message", CORPUS["messages"], ids=lambda m: f"{m['version']}-{m['reason']}")
+def test_the_case_of_a_message_does_not_matter(message):
+    ours = CORPUS["stream"]
+    for text in (message["text"].lower(), message["text"][:1].upper() + message["text"][1:]):
+        rejections, _ = parse_answer(text)
+        ts, line_bytes, has_metadata = message["refused"][0][:3]
+        assert any(r.matches(ours, ts, line_bytes, {"k": "v"} if has_metadata else None) for r in rejections)
+
+
+@pytest.mark.parametrize("throttle", CORPUS["throttles"], ids=lambda t: f"{t['version']}-{t['reason']}")
+def test_rate_limit_answers_state_their_limit_and_reason(throttle):
+    assert parse_rate_limit(throttle["text"]) == throttle["limit_bytes_per_second"]
+    assert rate_limit_reason(throttle["text"]) == throttle["reason"]
+    assert parse_rate_limit(throttle["text"].lower()) == throttle["limit_bytes_per_second"]
+
+
+def test_a_3_6_line_size_answer_counts_only_the_long_line():
+    sink = _sink()
+    items = _items(sink, 3)
+    long_item = ((items[1][0][0], items[1][0][1], items[1][0][2], None, 300_106), items[1][1], items[1][2])
+    text = (
+        f"max entry size '262144' bytes exceeded for stream '{LOKI_VIEW}' while adding an entry with length "
+        "'300106' bytes"
+    )
+    verdict = sink.on_rejected([items[0], long_item, items[2]], Response(400, text.encode(), None))
+    assert dict(verdict.refused) == {"line_too_long": 1} and list(verdict.stored) == [items[0], items[2]]
 
 
 def test_push_bodies_sort_each_stream_by_timestamp():

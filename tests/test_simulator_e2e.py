@@ -209,7 +209,7 @@ def test_lines_refused_by_loki_are_reported_as_lost(
     code = main(argv, line_counter=lambda window: run_lines(loki, "sim-logs2"))
     report = json.loads(report_path.read_text())
     assert code & 4, report["summary"]
-    assert report["summary"]["client_drops"]["loki"]["rejected"] == len(loki.refused) > 0
+    assert report["summary"]["client_drops"]["loki"]["too_far_behind"] == len(loki.refused) > 0
 
 
 @pytest.fixture
