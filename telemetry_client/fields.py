@@ -4,8 +4,11 @@ InfluxDB fixes a field's type at its first write in a shard; writing `1` (intege
 and later `0.5` (float) to the same field is a "field type conflict" and the
 second write is refused. So every number is written as a float:
 
-- int, float, bool (as 1.0/0.0), and anything with `__float__` or `.item()`
-  (NumPy and PyTorch scalars) become floats. Integers above 2**53 lose precision.
+- every real number becomes the float `float(value)` gives: int, float, bool
+  (as 1.0/0.0), NumPy scalars of every integer, float and bool dtype, 0-d arrays,
+  PyTorch 0-d tensors, any `numbers.Real` (Fraction) and other non-complex
+  objects with `__float__` (Decimal). Integers above 2**53 lose precision.
+  Complex values are not real numbers: `unsupported_type`.
 - NaN and ±infinity are dropped from the point (`non_finite`); None is dropped,
   never turned into 0.0 (`none_value`).
 - a list, tuple or 1-D array of numbers becomes `<key>_mean`, `<key>_min`,
@@ -17,6 +20,7 @@ second write is refused. So every number is written as a float:
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 import statistics
 from collections.abc import Callable, Mapping
@@ -29,15 +33,25 @@ Drop = Callable[[str, int], None]
 
 
 def _as_number(value: object) -> float | None:
-    """A float for numeric scalars (incl. NumPy/PyTorch), None when `value` is not one."""
-    if isinstance(value, float):
+    """`float(value)` for a real number of any kind, None when `value` is not one.
+
+    Always a plain Python float: a float subclass such as NumPy 2's `np.float64`
+    must not reach the encoder, whose `repr` would write `np.float64(0.25)`.
+    Real numbers are `numbers.Real` (int, bool, Fraction, NumPy integer and float
+    scalars), 0-d arrays and tensors of a real or bool dtype (NumPy, PyTorch:
+    their `.item()`), NumPy bools (`.item()` is a bool: 1.0/0.0), and other objects
+    with `__float__` that are not complex (Decimal).
+    """
+    if type(value) is float:
         return value
-    if isinstance(value, int):  # bool included: True -> 1.0
+    if isinstance(value, numbers.Real):
         return float(value)
-    if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
+    if isinstance(value, str | bytes | bytearray | numbers.Complex):
+        return None
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
         item = value.item()  # type: ignore[attr-defined]
-        return float(item) if isinstance(item, int | float) else None
-    if hasattr(value, "__float__") and not isinstance(value, str | bytes):
+        return float(item) if isinstance(item, numbers.Real) else None
+    if hasattr(value, "__float__"):
         return float(value)  # type: ignore[arg-type]
     return None
 

@@ -8,6 +8,7 @@ encoding all happen on the sender thread.
 from __future__ import annotations
 
 import datetime as dt
+import numbers
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -73,13 +74,17 @@ def _config_value(config: Any, path: str) -> Any:
 
 
 def _timestamp_ns(timestamp: Any) -> int:
-    """int: nanoseconds; float: seconds since the epoch; datetime: converted (naive means UTC)."""
+    """Integers: nanoseconds; other real numbers: seconds since the epoch; datetime: converted (naive means UTC)."""
     if isinstance(timestamp, bool):
         raise TypeError("a bool is not a timestamp")
     if isinstance(timestamp, int):
         return timestamp
     if isinstance(timestamp, float):
         return round(timestamp * 1e9)
+    if isinstance(timestamp, numbers.Integral):  # a NumPy integer: nanoseconds
+        return int(timestamp)
+    if isinstance(timestamp, numbers.Real):  # a NumPy float: seconds
+        return round(float(timestamp) * 1e9)
     if isinstance(timestamp, dt.datetime):
         if timestamp.tzinfo is None:
             timestamp = timestamp.replace(tzinfo=dt.UTC)
