@@ -10,6 +10,16 @@ from grafana.builder.queries import (
 from grafana.builder.targets import Json, loki_target
 from grafana.builder.variables import loki_variable, textbox_variable
 
+# Lines a log panel asks for. Loki's answer (up to this many lines of up to
+# max_line_size, 256KB) must fit the query path's gRPC message limits in
+# compose/loki/loki.yml (100 MiB); Grafana's own default would be 1000 lines.
+LOG_PANEL_LINES = 250
+
+
+def _lines(target: Json) -> Json:
+    """A log panel's target with its line count."""
+    return {**target, "maxLines": LOG_PANEL_LINES}
+
 
 def build() -> Json:
     ly = Layout()
@@ -59,15 +69,15 @@ def build() -> Json:
     ly.row("Lines")
     ly.logs(
         "Logs",
-        "Lines of the selected streams; the Search box filters them (case-insensitive). "
+        f"The newest {LOG_PANEL_LINES} lines of the selected streams; the Search box filters them (case-insensitive). "
         "| json turns the body's fields (message, logger, window, step, peer, trace_id...) "
         "into fields of each line.",
-        loki_target("A", f'{everything} |~ "(?i)$search" | json'),
+        _lines(loki_target("A", f'{everything} |~ "(?i)$search" | json')),
     )
     ly.logs(
         "Errors and exceptions",
         "Error and critical lines only, with their exception and traceback in the body.",
-        loki_target("A", f'{errors} |~ "(?i)$search" | json'),
+        _lines(loki_target("A", f'{errors} |~ "(?i)$search" | json')),
         height=10,
     )
     variables = [
