@@ -44,6 +44,11 @@ def host_metrics() -> Check:
     )
 
 
+def nvidia_device_present(dev: Path = Path("/dev")) -> bool:
+    """An NVIDIA driver exposes /dev/nvidia0, /dev/nvidia1, ... (containers too, with the NVIDIA runtime)."""
+    return any(p.name[len("nvidia") :].isdigit() for p in dev.glob("nvidia*"))
+
+
 def gpu_metrics() -> Check:
     """NVML per device, and torch.cuda allocator statistics; either may be missing, and why."""
     name = "GPU metrics"
@@ -54,11 +59,19 @@ def gpu_metrics() -> Check:
         if torch_present
         else "torch is not installed, so no allocator statistics"
     )
+    if nvml_version is None and not nvidia_device_present():
+        return ok(
+            name,
+            f"no NVIDIA GPU on this machine (no /dev/nvidia*), so no GPU metrics to collect; {torch_note}.",
+            nvml=False,
+            torch=torch_present,
+        )
     if nvml_version is None:
         return warn(
             name,
-            f"nvidia-ml-py is not installed, so no per-GPU utilisation, memory, temperature or power; {torch_note}.",
-            "Install it with pip install 'telemetry-stack[nvml]' on GPU nodes (ignore this warning on CPU-only nodes).",
+            "this machine has NVIDIA GPUs but nvidia-ml-py is not installed, so no per-GPU utilisation, memory, "
+            f"temperature or power; {torch_note}.",
+            "Install it with pip install 'telemetry-stack[nvml]'.",
             nvml=False,
             torch=torch_present,
         )

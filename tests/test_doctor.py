@@ -13,7 +13,10 @@ import datetime as dt
 import email.utils
 import ipaddress
 import json
+import os
 import ssl
+import subprocess
+import sys
 import threading
 import time
 import urllib.parse
@@ -671,3 +674,155 @@ def test_a_stopped_stack_says_to_start_it():
     for service in ("InfluxDB service", "Loki service", "Grafana service"):
         assert checks[service].status is Status.FAIL
         assert "make up" in checks[service].fix
+
+
+# ---- the command, as an operator runs it ---------------------------------------------------
+
+_CLEAN = ("INFLUXDB_", "LOKI_", "WANDB_", "TELEMETRY_", "GRAFANA_", "SSL_CERT")
+
+
+def _doctor(env: dict[str, str], *args: str, home: Path) -> tuple[int, dict, str]:
+    """Run `python -m telemetry_client doctor --json` in a fresh process with only `env` configured."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(_CLEAN)}
+    full = {**base, "HOME": str(home), "WANDB_MODE": "disabled", **env}
+    root = Path(__file__).resolve().parent.parent
+    full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), base.get("PYTHONPATH")]))
+    process = subprocess.run(
+        [sys.executable, "-m", "telemetry_client", "doctor", "--json", "--timeout", "10", *args],
+        env=full,
+        cwd=home,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert process.stdout, process.stderr
+    return process.returncode, json.loads(process.stdout), process.stdout + process.stderr
+
+
+def _verdicts(report: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in report["checks"]}
+
+
+def _node_env(influx_url: str, loki_url: str, password: str = NODE[1]) -> dict[str, str]:
+    return {
+        "INFLUXDB_URL": influx_url,
+        "INFLUXDB_API_VERSION": "1",
+        "INFLUXDB_USERNAME": NODE[0],
+        "INFLUXDB_PASSWORD": password,
+        "LOKI_URL": loki_url,
+        "LOKI_USERNAME": "node",
+        "LOKI_PASSWORD": "loki-secret-pw",
+    }
+
+
+def test_a_working_node_exits_0_and_stores_nothing(influx_auth, tmp_path):
+    with LokiReceiver(basic_auth=("node", "loki-secret-pw")) as loki:
+        code, report, output = _doctor(_node_env(influx_auth, loki.base_url), home=tmp_path)
+        assert loki.count() == 0
+    verdicts = _verdicts(report)
+    assert code == 0, [c for c in report["checks"] if c["status"] != "OK"]
+    assert report["status"] == "OK"
+    assert {
+        "InfluxDB reachability",
+        "InfluxDB authorisation",
+        "InfluxDB clock",
+        "Loki authorisation",
+        "Loki limits",
+    } <= set(verdicts)
+    assert _stored_series(influx_auth) == []
+    for secret in (NODE[1], "loki-secret-pw"):
+        assert secret not in output  # secrets are never printed...
+    assert (
+        "characters, sha256" in verdicts["InfluxDB configuration"]["evidence"]
+    )  # ...only their length and fingerprint
+
+
+def test_wrong_credentials_exit_2_with_the_setting_to_change(influx_auth, tmp_path):
+    with LokiReceiver(basic_auth=("node", "loki-secret-pw")) as loki:
+        env = {**_node_env(influx_auth, loki.base_url, password="not-the-password"), "LOKI_PASSWORD": "nope-nope"}
+        code, report, output = _doctor(env, home=tmp_path)
+    verdicts = _verdicts(report)
+    assert code == 2 and report["status"] == "FAIL"
+    assert verdicts["InfluxDB authorisation"]["status"] == "FAIL"
+    assert "INFLUXDB_USERNAME/INFLUXDB_PASSWORD" in verdicts["InfluxDB authorisation"]["fix"]
+    assert verdicts["Loki authorisation"]["status"] == "FAIL"
+    assert "LOKI_USERNAME/LOKI_PASSWORD" in verdicts["Loki authorisation"]["fix"]
+    assert "not-the-password" not in output and "nope-nope" not in output
+
+
+def test_missing_credentials_and_a_refused_port(influx_auth, tmp_path):
+    port = free_port()
+    env = {"INFLUXDB_URL": influx_auth, "INFLUXDB_API_VERSION": "1", "LOKI_URL": f"http://127.0.0.1:{port}"}
+    code, report, _ = _doctor(env, home=tmp_path)
+    verdicts = _verdicts(report)
+    assert code == 2
+    assert "no credentials were sent" in verdicts["InfluxDB authorisation"]["evidence"]
+    assert verdicts["Loki reachability"]["status"] == "FAIL"
+    assert "connection refused" in verdicts["Loki reachability"]["evidence"]
+    assert "LOKI_URL" in verdicts["Loki reachability"]["fix"]
+
+
+def test_configuration_errors_and_ignored_settings_name_the_variable(tmp_path):
+    code, report, _ = _doctor({"INFLUXDB_HOST": "127.0.0.1", "INFLUXDB_PORT": "eighty"}, home=tmp_path)
+    config = _verdicts(report)["InfluxDB configuration"]
+    assert code == 2 and config["status"] == "FAIL"
+    assert "port" in config["evidence"]
+    assert "INFLUXDB_PORT" in config["fix"]
+
+    env = {"INFLUXDB_URL": f"http://127.0.0.1:{free_port()}", "INFLUXDB_HOST": "elsewhere", "INFLUXDB_TOKEN": "t"}
+    _, report, _ = _doctor(env, home=tmp_path)
+    ignored = _verdicts(report)["InfluxDB configuration: ignored settings"]
+    assert ignored["status"] == "WARN"
+    assert "INFLUXDB_HOST" in ignored["evidence"] and "INFLUXDB_HOST" in ignored["fix"]
+
+
+def test_nothing_configured_warns_and_says_what_to_set(tmp_path):
+    code, report, _ = _doctor({}, home=tmp_path)
+    verdicts = _verdicts(report)
+    assert code == 1
+    assert "INFLUXDB_URL" in verdicts["InfluxDB configuration"]["fix"]
+    assert "LOKI_URL" in verdicts["Loki configuration"]["fix"]
+    assert verdicts["W&B"]["status"] == "OK" and "disabled" in verdicts["W&B"]["evidence"]
+
+
+def test_send_test_stores_exactly_one_point_and_one_line_and_reads_them_back(influx_auth, tmp_path):
+    with (
+        LokiReceiver(basic_auth=("node", "loki-secret-pw")) as loki,
+        GrafanaReceiver({"loki": LokiSource(loki)}, token="unused") as loki_query_api,
+    ):
+        code, report, _ = _doctor(
+            _node_env(influx_auth, loki.base_url),
+            "--send-test",
+            "--read-username",
+            READER[0],
+            "--read-password",
+            READER[1],
+            "--loki-read-url",
+            loki_query_api.url,
+            home=tmp_path,
+        )
+        lines = loki.lines()
+    verdicts = _verdicts(report)
+    assert code == 0, [c for c in report["checks"] if c["status"] != "OK"]
+    for name in ("Test point", "Test point read back", "Test line", "Test line read back"):
+        assert verdicts[name]["status"] == "OK", verdicts[name]
+    run_id = verdicts["Test point"]["details"]["run_id"]
+    rows = _influx_query(influx_auth, "SELECT * FROM telemetry_doctor_test", db="telemetry")["results"][0]["series"]
+    assert [len(s["values"]) for s in rows] == [1]
+    assert run_id in json.dumps(rows)
+    assert len(lines) == 1 and run_id in lines[0]
+    _influx_query(influx_auth, "DROP MEASUREMENT telemetry_doctor_test", db="telemetry")
+
+
+def test_an_unknown_ca_fails_until_ssl_cert_file_trusts_it(pki, tmp_path):
+    with _https(pki, "good") as url:
+        env = {"INFLUXDB_URL": url, "INFLUXDB_TOKEN": "node-token-123"}
+        code, report, _ = _doctor(env, home=tmp_path)
+        trusted_code, trusted, _ = _doctor({**env, "SSL_CERT_FILE": str(pki["ca"])}, home=tmp_path)
+    refused = _verdicts(report)["InfluxDB TLS"]
+    assert code == 2 and refused["status"] == "FAIL"
+    assert "SSL_CERT_FILE" in refused["fix"]
+    tls = _verdicts(trusted)["InfluxDB TLS"]
+    assert tls["status"] == "OK", tls
+    assert str(pki["ca"]) in tls["details"]["trust"]
+    assert _verdicts(trusted)["InfluxDB authorisation"]["status"] == "OK"
