@@ -1,4 +1,4 @@
-.PHONY: setup test lint bench simulate up down logs ps clean
+.PHONY: setup test lint bench simulate doctor up down logs ps clean
 
 PYTHON ?= python3
 
@@ -37,6 +37,21 @@ simulate:
 	  GRAFANA_USER="$$(grep -E '^GRAFANA_ADMIN_USER=' compose/.env | cut -d= -f2- | grep . || echo admin)" \
 	  GRAFANA_PASSWORD="$$(grep -E '^GRAFANA_ADMIN_PASSWORD=' compose/.env | cut -d= -f2-)" \
 	  $(PYTHON) -m simulator --report simulate-report.json $(SIMULATE_ARGS)
+
+# Check the local stack and a node on this machine (docs/troubleshooting.md): services,
+# Grafana's data sources, dashboards and alert rules, and what each token may do.
+# Stores nothing. More flags: make doctor DOCTOR_ARGS="--json"
+doctor:
+	@test -f compose/.env || { echo "compose/.env is missing: run 'make up' first." >&2; exit 2; }
+	@set -a; [ -f compose/node.env ] && . compose/node.env; set +a; \
+	  influxdb="$$(docker ps -q -f label=com.docker.compose.project=$${COMPOSE_PROJECT_NAME:-telemetry} \
+	    -f label=com.docker.compose.service=influxdb 2>/dev/null | head -n 1)"; \
+	  INFLUXDB_READ_TOKEN="$${INFLUXDB_READ_TOKEN:-$$( [ -n "$$influxdb" ] && \
+	    docker exec "$$influxdb" cat /run/telemetry-tokens/grafana-read.token 2>/dev/null)}" \
+	  GRAFANA_URL="http://127.0.0.1:$$(grep -E '^GRAFANA_PORT=' compose/.env | cut -d= -f2- | grep . || echo 3000)" \
+	  GRAFANA_USER="$$(grep -E '^GRAFANA_ADMIN_USER=' compose/.env | cut -d= -f2- | grep . || echo admin)" \
+	  GRAFANA_PASSWORD="$$(grep -E '^GRAFANA_ADMIN_PASSWORD=' compose/.env | cut -d= -f2-)" \
+	  $(PYTHON) -m telemetry_client doctor --stack $(DOCTOR_ARGS)
 
 # The local stack (compose/): see docs/local-stack.md.
 STACK := bash compose/stack.sh

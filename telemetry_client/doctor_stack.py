@@ -4,7 +4,7 @@ Every service answers its health endpoint; Grafana's data sources pass Grafana's
 own health check (`GET /api/datasources/uid/<uid>/health`, which runs the plugin's
 CheckHealth: for InfluxDB a query with the read token, for Loki a connection);
 the dashboards in grafana/dashboards/ and the alert rules in
-grafana/provisioning/alerting/ are loaded (`GET /api/search`,
+grafana/alerting/ are loaded (`GET /api/search`,
 `GET /api/v1/provisioning/alert-rules`); the node token may write and not read,
 and Grafana's read token may read and not write. No check stores anything: a
 write permission is proved by an empty write (see doctor_server).
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from telemetry_client.doctor_net import Probe, probe
-from telemetry_client.doctor_report import Check, describe_secret, fail, ok, warn
+from telemetry_client.doctor_report import Check, Status, describe_secret, fail, ok, warn
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 
@@ -142,9 +142,10 @@ def provisioned_dashboards(grafana_dir: Path) -> dict[str, str]:
 
 
 def provisioned_alert_rules(grafana_dir: Path) -> dict[str, str] | None:
-    """uid -> title of every rule in grafana/provisioning/alerting/ (None when pyyaml is missing)."""
-    folder = grafana_dir / "provisioning" / "alerting"
-    files = sorted(folder.glob("*.y*ml")) if folder.is_dir() else []
+    """uid -> title of every rule in grafana/alerting/ (None when pyyaml is missing to read them)."""
+    files = [
+        p for folder in ("alerting", "provisioning/alerting") for p in sorted((grafana_dir / folder).glob("*.y*ml"))
+    ]
     if not files:
         return {}
     try:
@@ -228,7 +229,7 @@ def dashboards(settings: StackSettings) -> Check:
 
 
 def alert_rules(settings: StackSettings) -> Check:
-    """Every alert rule of grafana/provisioning/alerting/ is loaded (`/api/v1/provisioning/alert-rules`)."""
+    """Every alert rule of grafana/alerting/ is loaded (`/api/v1/provisioning/alert-rules`)."""
     name = "Grafana alert rules"
     expected = provisioned_alert_rules(settings.grafana_dir)
     if expected is None:
@@ -323,9 +324,11 @@ def credential(
 
 def stack_checks(settings: StackSettings) -> list[Check]:
     checks = services(settings)
-    checks += datasources(settings)
-    checks.append(dashboards(settings))
-    checks.append(alert_rules(settings))
+    grafana_up = next(c for c in checks if c.name == "Grafana service").status is not Status.FAIL
+    if grafana_up:  # otherwise each Grafana check would only repeat that it is down
+        checks += datasources(settings)
+        checks.append(dashboards(settings))
+        checks.append(alert_rules(settings))
     checks.append(
         credential(settings, "Node token", settings.node_headers, write=True, read=False, setting="INFLUXDB_TOKEN")
     )
