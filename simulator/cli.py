@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import json
 import os
 import secrets
 import sys
@@ -282,6 +283,54 @@ def check_reachable(url: str, what: str) -> None:
         raise UsageError(f"{what} at {url} is unreachable: {getattr(exc, 'reason', exc)}") from None
 
 
+def _influxql_post(stack: Stack, statement: str) -> dict[str, Any]:
+    """One InfluxQL statement through InfluxDB 1.x's /query (POST, as statements that write need)."""
+    headers = {"Content-Type": "application/x-www-form-urlencoded"}
+    if stack.username and stack.password:
+        basic = base64.b64encode(f"{stack.username}:{stack.password}".encode()).decode()
+        headers["Authorization"] = f"Basic {basic}"
+    data = urllib.parse.urlencode({"q": statement}).encode()
+    request = urllib.request.Request(f"{stack.influx_url}/query", data=data, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            payload = json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        body = exc.read().decode("utf-8", "replace")
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            payload = {"error": body.strip() or f"HTTP {exc.code}"}
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return {"error": str(getattr(exc, "reason", exc))}
+    results = payload.get("results") or [{}]
+    return {"error": payload.get("error") or results[0].get("error"), "series": results[0].get("series") or []}
+
+
+def ensure_database(stack: Stack) -> None:
+    """InfluxDB 1.x: make sure the database exists before the fleet writes to it.
+
+    InfluxDB 1.x refuses every point written to a missing database ("database not
+    found"), so the run would only flood it with refusals. The database is
+    created when the credentials allow it (an admin, or no auth); otherwise the run
+    stops here with one sentence saying what to do.
+    """
+    if stack.api_version != 1:
+        return
+    listed = _influxql_post(stack, "SHOW DATABASES")
+    names = {row[0] for series in listed["series"] for row in series.get("values") or [] if row}
+    if not listed["error"] and stack.database in names:
+        return
+    quoted = stack.database.replace("\\", "\\\\").replace('"', '\\"')
+    created = _influxql_post(stack, f'CREATE DATABASE "{quoted}"')
+    if created["error"]:
+        reason = created["error"] or listed["error"]
+        raise UsageError(
+            f"InfluxDB at {without_userinfo(stack.influx_url)} has no database {stack.database!r} and these "
+            f"credentials cannot create it ({reason}): create it as an admin "
+            f'(CREATE DATABASE "{stack.database}") or pass --influxdb-database with an existing one.'
+        )
+
+
 def check_client_config(targets: fl.Targets) -> None:
     """Build a client as the nodes will, so a configuration error stops the run here, not in a worker."""
     from telemetry_client.loki import push_url
@@ -427,6 +476,7 @@ def execute(args: argparse.Namespace, line_counter: LineCounter | None = None) -
         self_metrics_interval=args.self_metrics_interval,
     )
     check_client_config(targets)
+    ensure_database(stack)
     lines_per_sec = args.lines_per_sec if stack.loki_url else 0.0  # no Loki, no log lines
     settings = load.LoadSettings(
         args.points_per_sec, lines_per_sec, args.duration, args.ramp, args.processes, args.close_timeout
