@@ -22,8 +22,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from telemetry_client import config as client_config
-from telemetry_client.doctor_local import gpu_metrics, host_metrics, wandb_check
-from telemetry_client.doctor_report import Check, describe_secret, exit_code, fail, ok, render_json, render_text, warn
+from telemetry_client.doctor_local import gpu_metrics, host_metrics, wandb_check, wandb_endpoint
+from telemetry_client.doctor_net import probe
+from telemetry_client.doctor_report import (
+    Check,
+    Status,
+    describe_secret,
+    exit_code,
+    fail,
+    ok,
+    render_json,
+    render_text,
+    warn,
+)
 from telemetry_client.doctor_server import (
     Endpoint,
     authorisation_probe,
@@ -275,6 +286,15 @@ def run(args: argparse.Namespace) -> list[Check]:
     if node.loki is not None:
         checks += server_checks(loki_endpoint(node.loki), args.timeout)
     checks += [host_metrics(), gpu_metrics(), wandb_check()]
+    wandb_server = wandb_endpoint()
+    if wandb_server is not None:  # any HTTP answer from W&B's API server means runs can go online
+        result = probe(wandb_server.url, timeout=args.timeout)
+        for check in (reachability(wandb_server, result), tls_check(wandb_server, result)):
+            if check is not None and check.status is Status.FAIL:  # initialize_wandb goes offline: late, not lost
+                check.status = Status.WARN
+                check.evidence += " Runs will fall back to offline (upload them later with `wandb sync`)."
+            if check is not None:
+                checks.append(check)
     if args.send_test:
         checks += send_test(args, node)
     if args.stack:

@@ -13,9 +13,11 @@ import os
 from pathlib import Path
 
 from telemetry_client.doctor_report import Check, describe_secret, ok, warn
+from telemetry_client.doctor_server import Endpoint
 from telemetry_client.experiment_tracking import resolve_mode, wandb_directory
 
 WANDB_HOST = "api.wandb.ai"
+WANDB_DEFAULT_BASE_URL = "https://api.wandb.ai"
 
 
 def _version(distribution: str) -> str | None:
@@ -165,3 +167,17 @@ def wandb_check() -> Check:
             **details,
         )
     return ok(name, f"wandb {version}, mode online, API key from {source} {key}; {where}.", **details)
+
+
+def wandb_endpoint() -> Endpoint | None:
+    """W&B's API server when runs will go online (wandb installed, mode online, a key), else None."""
+    try:
+        online = resolve_mode() == "online"
+    except ValueError:
+        return None
+    if not online or _version("wandb") is None or not _wandb_key_source()[0]:
+        return None
+    base = os.environ.get("WANDB_BASE_URL") or WANDB_DEFAULT_BASE_URL
+    return Endpoint(
+        "W&B", base.rstrip("/") + "/", url_setting="WANDB_BASE_URL", verify_setting="the system trust store"
+    )

@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import re
 import urllib.parse
 from dataclasses import dataclass, field
 
 from telemetry_client.doctor_net import Probe, probe
-from telemetry_client.doctor_report import Check, fail, ok, warn
+from telemetry_client.doctor_report import Check, Status, fail, ok, warn
 
 # Loki's limits_config defaults: grafana/loki pkg/validation/limits.go (RegisterFlags), Loki 3.x:
 #   reject_old_samples true, reject_old_samples_max_age "7d", creation_grace_period "10m",
@@ -108,8 +109,21 @@ def authorisation_probe(endpoint: Endpoint, timeout: float = 5.0) -> Probe:
     )
 
 
+def _proxy_note() -> str:
+    """The client connects directly; a proxy set in the environment (that other tools use) is not used."""
+    names = [n for n in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy") if os.environ.get(n)]
+    return f" {names[0]} is set, but the client does not use proxies: allow direct connections." if names else ""
+
+
 def reachability(endpoint: Endpoint, result: Probe) -> Check:
     """DNS, TCP, TLS and HTTP: which step failed, and how long each took."""
+    check = _reachability(endpoint, result)
+    if check.status is Status.FAIL and result.failed_step in ("dns", "tcp"):
+        check.fix += _proxy_note()
+    return check
+
+
+def _reachability(endpoint: Endpoint, result: Probe) -> Check:
     name = f"{endpoint.service} reachability"
     where = f"{result.host}:{result.port}"
     details = {"url": endpoint.base_url, "steps_ms": result.steps_ms, "addresses": result.addresses}
@@ -236,7 +250,11 @@ def influx_authorisation(endpoint: Endpoint, result: Probe) -> Check | None:
     message = _influx_error(result)
     version = result.headers.get("x-influxdb-version")
     server = f"InfluxDB {version}" if version else "the server"
-    target = f"database {endpoint.database!r}" if endpoint.api_version == 1 else f"bucket {endpoint.database!r}"
+    target = (
+        f"database {endpoint.database!r} (API v1, /write)"
+        if endpoint.api_version == 1
+        else f"bucket {endpoint.database!r} (API v2, /api/v2/write)"
+    )
     details = {"status": status, "server_version": version, "api_version": endpoint.api_version, "answer": message}
     if endpoint.api_version == 2 and status == 400 and "writing requires points" in message:
         return ok(
@@ -443,15 +461,19 @@ def clock_check(endpoint: Endpoint, result: Probe, limits: dict[str, str] | None
 
 # ---- limits --------------------------------------------------------------------------
 
-_BYTE_UNITS = {"": 1, "b": 1, "kb": 1000, "kib": 1024, "mb": 1000**2, "mib": 1024**2, "gb": 1000**3, "gib": 1024**3}
+# Loki parses byte sizes with github.com/c2h5oh/datasize after upper-casing them (grafana/loki
+# pkg/util/flagext/bytesize.go, ByteSize.Set): units are powers of 1024, so "256KB" is 262,144 bytes,
+# and /config shows them the same way (ByteSize.MarshalYAML prints datasize's String(), e.g. "256KB").
+_BYTE_UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "M": 1024**2, "MB": 1024**2, "G": 1024**3, "GB": 1024**3}
 
 
 def parse_bytes(text: str) -> int | None:
-    """A Loki byte size ("256KB", "3MB", "262144"); Loki parses them with go-humanize, where KB is 1000."""
+    """A Loki byte size ("256KB", "3MB", "262144") in bytes."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
-    if not match or match.group(2).lower() not in _BYTE_UNITS:
+    unit = match.group(2).upper().replace("IB", "B") if match else ""
+    if not match or unit not in _BYTE_UNITS:
         return None
-    return int(float(match.group(1)) * _BYTE_UNITS[match.group(2).lower()])
+    return int(float(match.group(1)) * _BYTE_UNITS[unit])
 
 
 def limits_from_config(yaml_text: str) -> dict[str, str]:

@@ -504,7 +504,7 @@ def test_limits_from_the_server_config_are_compared_with_the_node_settings():
     assert check.status is Status.WARN
     assert limits["max_line_size"] == "100KB" and limits["creation_grace_period"] == "30m"
     assert limits["reject_old_samples_max_age"] == "7d"  # not shown: the default
-    assert "max_line_bytes=100000" in check.fix
+    assert "max_line_bytes=102400" in check.fix  # Loki's KB is 1024 bytes
     assert check.details["source"] == "server"
 
 
@@ -825,3 +825,41 @@ def test_an_unknown_ca_fails_until_ssl_cert_file_trusts_it(pki, tmp_path):
     assert tls["status"] == "OK", tls
     assert str(pki["ca"]) in tls["details"]["trust"]
     assert _verdicts(trusted)["InfluxDB authorisation"]["status"] == "OK"
+
+
+def test_wandb_online_checks_its_server_and_lists_run_id_files(tmp_path):
+    wandb_dir = tmp_path / "wandb-runs"
+    wandb_dir.mkdir()
+    (wandb_dir / "wandb_run_id_miner7.txt").write_text("abc123\n")
+    env = {"WANDB_MODE": "online", "WANDB_API_KEY": "k" * 40, "WANDB_DIR": str(wandb_dir)}
+    with skewed_server(0) as url:  # any HTTP answer: the API server is reachable
+        _, report, output = _doctor({**env, "WANDB_BASE_URL": url}, home=tmp_path)
+    verdicts = _verdicts(report)
+    assert verdicts["W&B"]["status"] == "OK"
+    assert "wandb_run_id_miner7.txt" in verdicts["W&B"]["evidence"]
+    assert "40 characters" in verdicts["W&B"]["evidence"] and "k" * 40 not in output
+    assert verdicts["W&B reachability"]["status"] == "OK"
+
+    _, report, _ = _doctor({**env, "WANDB_BASE_URL": f"http://127.0.0.1:{free_port()}"}, home=tmp_path)
+    unreachable = _verdicts(report)["W&B reachability"]
+    assert unreachable["status"] == "WARN"  # initialize_wandb continues offline: late, not lost
+    assert "WANDB_BASE_URL" in unreachable["fix"] and "offline" in unreachable["evidence"]
+
+    _, report, _ = _doctor({"WANDB_MODE": "online", "WANDB_DIR": str(wandb_dir)}, home=tmp_path)
+    no_key = _verdicts(report)["W&B"]
+    assert no_key["status"] == "WARN" and "WANDB_API_KEY" in no_key["fix"]
+    assert "W&B reachability" not in _verdicts(report)
+
+
+def test_a_proxy_in_the_environment_is_named_when_the_server_is_unreachable(monkeypatch):
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    endpoint = _influx_v2(f"http://127.0.0.1:{free_port()}")
+    check = reachability(endpoint, authorisation_probe(endpoint))
+    assert "HTTPS_PROXY is set, but the client does not use proxies" in check.fix
+
+
+def test_the_authorisation_verdict_says_which_api_version_was_checked(influx_auth, victoria_server):
+    v1 = _influx_v1(influx_auth, NODE)
+    assert "API v1, /write" in influx_authorisation(v1, authorisation_probe(v1)).evidence
+    v2 = _influx_v2(victoria_server.url)
+    assert "API v2, /api/v2/write" in influx_authorisation(v2, authorisation_probe(v2)).evidence
