@@ -21,6 +21,7 @@ from telemetry_client.disabled import Counter, disabled_stats
 from telemetry_client.errors import ConfigurationError
 from telemetry_client.fields import DEFAULT_MAX_STRING_BYTES, FieldEncoder, list_stats
 from telemetry_client.gpu_metrics import GpuSampler
+from telemetry_client.influx_rejections import Refusal, read_refusal
 from telemetry_client.self_log import warn
 from telemetry_client.shipping import BufferSettings, Channel, Item, Verdict
 from telemetry_client.system_metrics import SystemSampler
@@ -93,11 +94,34 @@ def _timestamp_ns(timestamp: Any) -> int:
     raise TypeError(f"unsupported timestamp type {type(timestamp).__name__}")
 
 
+def _refused_indexes(items: Sequence[Item], refusal: Refusal) -> set[int] | None:
+    """Positions in `items` of the lines the server refused; None when none of them can be found."""
+    refused: set[int] = set()
+    if refusal.line_numbers:
+        refused = {number - 1 for number in refusal.line_numbers if 0 < number <= len(items)}
+    elif refusal.lines:
+        positions: dict[str, list[int]] = {}
+        for index, item in enumerate(items):
+            positions.setdefault(item[0][:-1].decode("utf-8", "replace"), []).append(index)
+        for line in refusal.lines:
+            found = positions.get(line)
+            if found:
+                refused.add(found.pop(0))
+    elif refusal.dropped:
+        # Only counted: take the points of the measurement the error names first.
+        named = [i for i, item in enumerate(items) if item[2] == refusal.measurement]
+        others = [i for i, item in enumerate(items) if item[2] != refusal.measurement]
+        refused = set((named + others)[: refusal.dropped])
+    return refused or None
+
+
 class InfluxSink:
     """Encodes records into line protocol for one logger's identity and endpoint."""
 
     name = "influxdb"
-    retains_items = False  # InfluxDB keeps the valid lines of a partial write: nothing to resend
+    # Sealed batches keep their lines: after a refusal `on_rejected` must know which
+    # lines the server named. Counted in the buffer's byte bound like the body.
+    retains_items = True
 
     def __init__(
         self,
@@ -210,7 +234,22 @@ class InfluxSink:
         return b"".join(item[0] for item in items)
 
     def on_rejected(self, items: Sequence[Item], response: Response) -> Verdict | None:
-        return None  # everything counted rejected (InfluxDB may have stored the valid lines of a partial write)
+        """Which lines of a refused batch InfluxDB stored (counted sent), refused, or must get again.
+
+        See `influx_rejections` for the answers of each InfluxDB version. None (all
+        counted `rejected`) when the answer names no line: a refusal of the whole
+        request such as a missing database or a bad token.
+        """
+        refusal = read_refusal(response.body)
+        if refusal is None:
+            return None
+        refused = _refused_indexes(items, refusal)
+        if refused is None:
+            return None
+        kept = [item for index, item in enumerate(items) if index not in refused]
+        if refusal.others_stored:
+            return Verdict(stored=kept, refused={"rejected": len(refused)})
+        return Verdict(refused={"rejected": len(refused)}, resend=kept)
 
     def on_idle(self, now: float) -> None:
         """Write the watched channels' counters as `telemetry_client` points, once per interval."""
