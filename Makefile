@@ -35,7 +35,7 @@ simulate:
 	@set -a; . compose/node.env; set +a; \
 	  GRAFANA_URL="http://127.0.0.1:$$(grep -E '^GRAFANA_PORT=' compose/.env | cut -d= -f2- | grep . || echo 3000)" \
 	  GRAFANA_USER="$$(grep -E '^GRAFANA_ADMIN_USER=' compose/.env | cut -d= -f2- | grep . || echo admin)" \
-	  GRAFANA_PASSWORD="$$(grep -E '^GRAFANA_ADMIN_PASSWORD=' compose/.env | cut -d= -f2-)" \
+	  GRAFANA_PASSWORD="$$(cat compose/secrets/grafana_admin_password)" \
 	  $(PYTHON) -m simulator --report simulate-report.json $(SIMULATE_ARGS)
 
 # Check the local stack and a node on this machine (docs/troubleshooting.md): services,

@@ -12,7 +12,6 @@ import re
 import shutil
 import stat
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from base64 import b64encode
@@ -27,11 +26,14 @@ ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "compose"
 COMPOSE_FILE = COMPOSE / "docker-compose.yml"
 STACK = COMPOSE / "stack.sh"
+# The secret files stack.sh writes into compose/secrets/ (STACK_SECRETS_DIR).
 SECRETS = {
-    "INFLUXDB_ADMIN_PASSWORD": "test-password-influx",
-    "INFLUXDB_ADMIN_TOKEN": "test-token-admin",
-    "GRAFANA_ADMIN_PASSWORD": "test-password-grafana",
+    "influxdb_admin_password": "test-password-influx",
+    "influxdb_admin_token": "test-token-admin",
+    "grafana_admin_password": "test-password-grafana",
 }
+# Names an older stack.sh kept these secrets under, in compose/.env.
+LEGACY_SECRET_NAMES = {name.upper(): name for name in SECRETS}
 LONG_RUNNING = ("influxdb", "loki", "grafana")
 
 
@@ -51,8 +53,9 @@ def versions() -> dict[str, str]:
 def clean_env(**extra: str) -> dict[str, str]:
     """The process environment without anything the stack reads, plus `extra`."""
     names = {
-        *SECRETS,
+        *LEGACY_SECRET_NAMES,
         *versions(),
+        "STACK_SECRETS_DIR",
         "BIND_ADDRESS",
         "COMPOSE_PROJECT_NAME",
         "INFLUXDB_PORT",
@@ -61,10 +64,23 @@ def clean_env(**extra: str) -> dict[str, str]:
         "INFLUXDB_BUCKET",
         "INFLUXDB_ORG",
     }
-    env = {k: v for k, v in os.environ.items() if k not in names}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in names and not k.endswith(("_MEMORY_LIMIT", "_PIDS_LIMIT", "_STOP_GRACE_PERIOD"))
+    }
     env.update(versions())
     env.update(extra)
     return env
+
+
+def write_secrets(tmp_path: Path) -> Path:
+    """The secret files as stack.sh writes them (a 0700 directory)."""
+    directory = tmp_path / "secrets"
+    directory.mkdir(mode=0o700, exist_ok=True)
+    for name, value in SECRETS.items():
+        (directory / name).write_text(value)
+    return directory
 
 
 def compose_config(
@@ -72,13 +88,13 @@ def compose_config(
 ) -> subprocess.CompletedProcess[str]:
     binary = require_binary("docker-compose")
     env_file = tmp_path / "test.env"
-    values = SECRETS if env_lines is None else env_lines
-    env_file.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in (env_lines or {}).items()))
+    secrets_dir = write_secrets(tmp_path)
     return subprocess.run(
         [binary, "-p", "telemetry-test", "-f", str(COMPOSE_FILE), "--env-file", str(env_file), "config"],
         capture_output=True,
         text=True,
-        env=clean_env(**extra),
+        env=clean_env(STACK_SECRETS_DIR=str(secrets_dir), **extra),
         timeout=120,
         check=False,
     )
@@ -131,17 +147,64 @@ def test_compose_file_validates_and_uses_versions_env(config: dict[str, Any]) ->
         assert ":" in service["image"], name
 
 
-def test_compose_refuses_to_start_without_a_secret(tmp_path: Path) -> None:
-    partial = {k: v for k, v in SECRETS.items() if k != "GRAFANA_ADMIN_PASSWORD"}
-    result = compose_config(tmp_path, partial)
-    assert result.returncode != 0
-    assert "GRAFANA_ADMIN_PASSWORD" in result.stderr
+def test_no_secret_passes_through_a_container_environment(tmp_path: Path, config: dict[str, Any]) -> None:
+    """`docker inspect` shows a container's environment: secrets come as files."""
+    declared = config["secrets"]
+    assert set(declared) == set(SECRETS)
+    for name, secret in declared.items():
+        assert Path(secret["file"]) == tmp_path / "secrets" / name
+    for service_name, service in config["services"].items():
+        environment = service.get("environment") or {}
+        for key, value in environment.items():
+            assert str(value) not in SECRETS.values(), f"{service_name}: {key} holds a secret"
+        mounted = {s["source"] if isinstance(s, dict) else s for s in service.get("secrets", [])}
+        for key, value in environment.items():
+            if key.endswith("_FILE") and str(value).startswith("/run/secrets/"):
+                assert str(value).removeprefix("/run/secrets/") in mounted, f"{service_name}: {key}"
+    # Each secret reaches the service that needs it, and only that one.
+    assert {s["source"] for s in config["services"]["influxdb"]["secrets"]} == {
+        "influxdb_admin_password",
+        "influxdb_admin_token",
+    }
+    assert [s["source"] for s in config["services"]["grafana"]["secrets"]] == ["grafana_admin_password"]
+    assert "secrets" not in config["services"]["loki"]
+
+
+def test_containers_are_confined_and_limited(tmp_path: Path, config: dict[str, Any]) -> None:
+    services = config["services"]
+    for name, service in services.items():
+        assert service["cap_drop"] == ["ALL"], name
+        assert "no-new-privileges:true" in service["security_opt"], name
+        assert service.get("mem_limit"), name
+        assert int(service["pids_limit"]) > 0, name
+    # Only InfluxDB's entrypoint (chown, then setpriv to its user) and the one-shot
+    # chown step keep capabilities; Loki and Grafana run as their users from the start.
+    assert set(services["influxdb"]["cap_add"]) == {"CHOWN", "DAC_OVERRIDE", "FOWNER", "SETGID", "SETUID"}
+    assert set(services["loki-volume-init"]["cap_add"]) == {"CHOWN", "DAC_OVERRIDE"}
+    assert "cap_add" not in services["loki"] and "cap_add" not in services["grafana"]
+    # InfluxDB and Loki get time to flush before SIGKILL (Docker's default is 10 s).
+    for name in ("influxdb", "loki"):
+        assert seconds(services[name]["stop_grace_period"]) >= 30, name
+    # The limits are settings of compose/.env.
+    result = compose_config(tmp_path, {"INFLUXDB_MEMORY_LIMIT": "6g", "LOKI_PIDS_LIMIT": "2048"})
+    assert result.returncode == 0, result.stderr
+    changed = yaml.safe_load(result.stdout)["services"]
+    assert changed["influxdb"]["mem_limit"] == "6g"
+    assert int(changed["loki"]["pids_limit"]) == 2048
+
+
+def seconds(duration: str) -> float:
+    """A compose duration such as 1m30s in seconds."""
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", str(duration))
+    assert parts, duration
+    return sum(float(number) * units[unit] for number, unit in parts)
 
 
 def test_compose_refuses_to_start_without_versions(tmp_path: Path) -> None:
     env_file = tmp_path / "test.env"
-    env_file.write_text("".join(f"{k}={v}\n" for k, v in SECRETS.items()))
-    env = {k: v for k, v in clean_env().items() if k not in versions()}
+    env_file.write_text("INFLUXDB_ADMIN_USER=admin\n")
+    env = {k: v for k, v in clean_env(STACK_SECRETS_DIR=str(write_secrets(tmp_path))).items() if k not in versions()}
     result = subprocess.run(
         [require_binary("docker-compose"), "-f", str(COMPOSE_FILE), "--env-file", str(env_file), "config"],
         capture_output=True,
@@ -190,7 +253,7 @@ def test_ports_bind_to_loopback_unless_configured(tmp_path: Path, config: dict[s
     ports = published(config)
     assert len(ports) == 3
     assert all(p.startswith("127.0.0.1:") for p in ports), ports
-    result = compose_config(tmp_path, {**SECRETS, "BIND_ADDRESS": "0.0.0.0"})
+    result = compose_config(tmp_path, {"BIND_ADDRESS": "0.0.0.0"})
     assert result.returncode == 0, result.stderr
     assert all(p.startswith("0.0.0.0:") for p in published(yaml.safe_load(result.stdout)))
 
@@ -226,7 +289,8 @@ def test_grafana_is_locked_down_and_provisioned_from_the_repo(config: dict[str, 
     env = grafana["environment"]
     assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
     assert env["GF_USERS_ALLOW_SIGN_UP"] == "false"
-    assert env["GF_SECURITY_ADMIN_PASSWORD"] == SECRETS["GRAFANA_ADMIN_PASSWORD"]
+    assert env["GF_SECURITY_ADMIN_PASSWORD__FILE"] == "/run/secrets/grafana_admin_password"
+    assert "GF_SECURITY_ADMIN_PASSWORD" not in env
     by_target = {target: source for source, target in mounts(grafana)}
     assert Path(by_target["/etc/grafana/provisioning"]) == ROOT / "grafana" / "provisioning"
     assert Path(by_target["/etc/grafana/dashboards"]) == ROOT / "grafana" / "dashboards"
@@ -241,8 +305,9 @@ def test_influxdb_is_set_up_from_the_environment(config: dict[str, Any]) -> None
     influx = config["services"]["influxdb"]
     env = influx["environment"]
     assert env["DOCKER_INFLUXDB_INIT_MODE"] == "setup"
-    assert env["DOCKER_INFLUXDB_INIT_PASSWORD"] == SECRETS["INFLUXDB_ADMIN_PASSWORD"]
-    assert env["DOCKER_INFLUXDB_INIT_ADMIN_TOKEN"] == SECRETS["INFLUXDB_ADMIN_TOKEN"]
+    assert env["DOCKER_INFLUXDB_INIT_PASSWORD_FILE"] == "/run/secrets/influxdb_admin_password"
+    assert env["DOCKER_INFLUXDB_INIT_ADMIN_TOKEN_FILE"] == "/run/secrets/influxdb_admin_token"
+    assert "DOCKER_INFLUXDB_INIT_PASSWORD" not in env and "DOCKER_INFLUXDB_INIT_ADMIN_TOKEN" not in env
     assert re.fullmatch(r"\d+[dhw]", env["DOCKER_INFLUXDB_INIT_RETENTION"])
     by_target = {target: source for source, target in mounts(influx)}
     assert Path(by_target["/docker-entrypoint-initdb.d"]) == COMPOSE / "influxdb" / "init"
@@ -250,16 +315,15 @@ def test_influxdb_is_set_up_from_the_environment(config: dict[str, Any]) -> None
 
 
 def test_compose_file_holds_no_secret() -> None:
-    """Every secret-bearing setting is a required ${VAR:?...} expansion."""
+    """Secret-bearing settings name files; the files live outside the repository."""
     raw = yaml.safe_load(COMPOSE_FILE.read_text())
-    secret_keys = ("DOCKER_INFLUXDB_INIT_PASSWORD", "DOCKER_INFLUXDB_INIT_ADMIN_TOKEN", "GF_SECURITY_ADMIN_PASSWORD")
-    seen = 0
     for service in raw["services"].values():
         for key, value in (service.get("environment") or {}).items():
-            if key in secret_keys:
-                seen += 1
-                assert re.fullmatch(r"\$\{[A-Z_]+:\?[^}]+\}", str(value)), key
-    assert seen == len(secret_keys)
+            if re.search(r"PASSWORD|TOKEN|SECRET", key):
+                assert key.endswith(("_FILE", "_DIR")) and str(value).startswith("/run/"), key
+    for name, secret in raw["secrets"].items():
+        assert secret["file"] == "${STACK_SECRETS_DIR:-./secrets}/" + name
+    assert "secrets/" in (COMPOSE / ".gitignore").read_text().splitlines()
 
 
 # ---------------------------------------------------------------- loki config
@@ -317,7 +381,12 @@ def test_grafana_entrypoint_exports_the_token_from_the_shared_file(tmp_path: Pat
 
 
 def stack(*args: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    full = clean_env(STACK_ENV_FILE=str(tmp_path / "stack.env"), STACK_NODE_ENV_FILE=str(tmp_path / "node.env"), **env)
+    full = clean_env(
+        STACK_ENV_FILE=str(tmp_path / "stack.env"),
+        STACK_NODE_ENV_FILE=str(tmp_path / "node.env"),
+        STACK_SECRETS_DIR=str(tmp_path / "secrets"),
+        **env,
+    )
     return subprocess.run(
         ["bash", str(STACK), *args], capture_output=True, text=True, env=full, timeout=600, check=False
     )
@@ -343,25 +412,50 @@ def test_make_up_without_docker_installed_says_so(tmp_path: Path) -> None:
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_env_file_gets_random_private_secrets_once(tmp_path: Path) -> None:
+def read_secrets(directory: Path) -> dict[str, str]:
+    return {name: (directory / name).read_text() for name in SECRETS}
+
+
+def test_env_file_and_secret_files_are_random_private_and_kept(tmp_path: Path) -> None:
     first = stack("env", tmp_path=tmp_path)
     assert first.returncode == 0, first.stderr
     path = tmp_path / "stack.env"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    values = dict(line.split("=", 1) for line in path.read_text().splitlines() if line and not line.startswith("#"))
-    for key in SECRETS:
-        assert len(values[key]) >= 32 and values[key].isalnum(), key
-    assert len({values[k] for k in SECRETS}) == len(SECRETS)
-    before = path.read_text()
+    secrets_dir = tmp_path / "secrets"
+    assert stat.S_IMODE(secrets_dir.stat().st_mode) == 0o700
+    values = read_secrets(secrets_dir)
+    for name, value in values.items():
+        assert len(value) >= 32 and value.isalnum(), name
+    assert len(set(values.values())) == len(values)
+    # Root in the InfluxDB container reads its files; Grafana (uid 472) reads its
+    # own through the 0700 directory, which nobody else on this machine can enter.
+    assert stat.S_IMODE((secrets_dir / "influxdb_admin_password").stat().st_mode) == 0o600
+    assert stat.S_IMODE((secrets_dir / "influxdb_admin_token").stat().st_mode) == 0o600
+    assert stat.S_IMODE((secrets_dir / "grafana_admin_password").stat().st_mode) == 0o644
+    settings = path.read_text()
+    assert not any(value in settings for value in values.values()), "the env file holds a secret"
     assert stack("env", tmp_path=tmp_path).returncode == 0
-    assert path.read_text() == before, "an existing env file must be kept"
+    assert path.read_text() == settings, "an existing env file must be kept"
+    assert read_secrets(secrets_dir) == values, "existing secrets must be kept"
     other = tmp_path / "other"
     other.mkdir()
     assert stack("env", tmp_path=other).returncode == 0
-    assert (other / "stack.env").read_text() != before
-    # The generated file is all compose needs besides versions.env.
-    rendered = compose_config(tmp_path, values)
-    assert rendered.returncode == 0, rendered.stderr
+    assert read_secrets(other / "secrets") != values
+
+
+def test_secrets_of_an_older_env_file_move_into_files(tmp_path: Path) -> None:
+    """A stack set up by an older stack.sh keeps its credentials: InfluxDB has them."""
+    legacy = {"INFLUXDB_ADMIN_PASSWORD": "kept-influx-password", "GRAFANA_ADMIN_PASSWORD": "kept-grafana-pw"}
+    path = tmp_path / "stack.env"
+    path.write_text("".join(f"{k}={v}\n" for k, v in legacy.items()) + "BIND_ADDRESS=127.0.0.1\n")
+    result = stack("env", tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    values = read_secrets(tmp_path / "secrets")
+    assert values["influxdb_admin_password"] == "kept-influx-password"
+    assert values["grafana_admin_password"] == "kept-grafana-pw"
+    assert len(values["influxdb_admin_token"]) == 64
+    assert path.read_text() == "BIND_ADDRESS=127.0.0.1\n"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
 
 
 def test_stack_refuses_a_floating_version(tmp_path: Path) -> None:
@@ -407,19 +501,11 @@ def http_status(url: str, headers: dict[str, str] | None = None) -> tuple[int, b
 def test_make_up_brings_every_service_up_healthy(tmp_path: Path) -> None:
     ports = {"INFLUXDB_PORT": free_port(), "LOKI_PORT": free_port(), "GRAFANA_PORT": free_port()}
     env_file = tmp_path / "stack.env"
-    env_file.write_text(
-        "".join(
-            f"{k}={v}\n"
-            for k, v in {
-                **{k: f"{v}-{os.getpid()}{int(time.time())}" for k, v in SECRETS.items()},
-                **ports,
-                "BIND_ADDRESS": "127.0.0.1",
-            }.items()
-        )
-    )
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in {**ports, "BIND_ADDRESS": "127.0.0.1"}.items()))
     env_file.chmod(0o600)
     make_env = {
         "STACK_ENV_FILE": str(env_file),
+        "STACK_SECRETS_DIR": str(tmp_path / "secrets"),
         "STACK_NODE_ENV_FILE": str(tmp_path / "node"),
         "COMPOSE_PROJECT_NAME": f"telemetry-test-{os.getpid()}",
     }
@@ -440,11 +526,7 @@ def test_make_up_brings_every_service_up_healthy(tmp_path: Path) -> None:
         assert http_status(f"{base}:{ports['LOKI_PORT']}/ready")[0] == 200
         status, body = http_status(f"{base}:{ports['GRAFANA_PORT']}/api/health")
         assert status == 200 and b'"database"' in body
-        password = next(
-            line.split("=", 1)[1]
-            for line in env_file.read_text().splitlines()
-            if line.startswith("GRAFANA_ADMIN_PASSWORD=")
-        )
+        password = (tmp_path / "secrets" / "grafana_admin_password").read_text()
         auth = {"Authorization": "Basic " + b64encode(f"admin:{password}".encode()).decode()}
         for uid in ("influxdb", "loki"):
             status, body = http_status(f"{base}:{ports['GRAFANA_PORT']}/api/datasources/uid/{uid}/health", auth)
