@@ -33,6 +33,7 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 ROLES_DIR = REPO / "ansible" / "roles"
@@ -186,17 +187,24 @@ def test_site_renders_and_is_idempotent(name, tmp_path, test_secrets):
     for path in (
         "influxdb/container.compose.yml",
         "loki/loki.yml",
-        "grafana/grafana.env",
+        "grafana/secrets/grafana_admin_password",
         "grafana/provisioning/datasources/datasources.yml",
         "reverse_proxy/Caddyfile",
     ):
         assert (base / path).is_file(), path
-    for secret_file in ("grafana/grafana.env", "reverse_proxy/Caddyfile"):
-        assert (base / secret_file).stat().st_mode & 0o777 == 0o600, secret_file
+    assert (base / "reverse_proxy/Caddyfile").stat().st_mode & 0o777 == 0o600
     values = json.loads(test_secrets.read_text())
-    env = (base / "grafana" / "grafana.env").read_text()
-    assert f"GF_SECURITY_ADMIN_PASSWORD={values['vault_grafana_admin_password']}" in env
-    assert f"INFLUXDB_READ_TOKEN={values['vault_grafana_influxdb_token']}" in env
+    grafana_secrets = base / "grafana" / "secrets"
+    assert (grafana_secrets / "grafana_admin_password").read_text() == values["vault_grafana_admin_password"]
+    assert (grafana_secrets / "influxdb_read_token").read_text() == values["vault_grafana_influxdb_token"]
+    for secret_file in grafana_secrets.iterdir():
+        assert secret_file.stat().st_mode & 0o777 == 0o400, secret_file
+    env = "\n".join(
+        f"{key}={value}"
+        for key, value in yaml.safe_load((base / "grafana" / "container.compose.yml").read_text())["services"][
+            "grafana"
+        ]["environment"].items()
+    )
     if name == "prod":
         # Grafana and the proxy reach InfluxDB and Loki on metrics_prod's private address.
         assert "INFLUXDB_URL=http://10.0.0.20:8086" in env

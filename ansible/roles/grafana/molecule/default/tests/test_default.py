@@ -22,8 +22,11 @@ def _pinned(key):
 
 
 def _env(host):
-    lines = host.file(DIR + "/grafana.env").content_string.splitlines()
-    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+    """The container's environment, plus what Grafana's processes read from files."""
+    environment = dict(_service(host)["environment"])
+    for key in [k for k in environment if k.endswith("_FILE")]:
+        environment[key.removesuffix("__FILE").removesuffix("_FILE")] = "(from " + environment[key] + ")"
+    return environment
 
 
 def _service(host):
@@ -35,19 +38,47 @@ def _generated(name):
     return (EPHEMERAL / "secrets" / name).read_text().strip()
 
 
-def test_env_file_is_private(host):
-    env_file = host.file(DIR + "/grafana.env")
-    assert env_file.is_file
-    assert env_file.mode == 0o600
-    assert env_file.user == "root"
-    assert env_file.group == "root"
+def test_secret_files_are_readable_by_grafana_only(host):
+    directory = host.file(DIR + "/secrets")
+    assert directory.is_directory
+    assert directory.mode == 0o700
+    assert directory.uid == 472
+    for name, generated in (
+        ("grafana_admin_password", "grafana_admin_password"),
+        ("grafana_secret_key", "grafana_secret_key"),
+        ("influxdb_read_token", "grafana_influxdb_token"),
+    ):
+        secret = host.file(f"{DIR}/secrets/{name}")
+        assert secret.mode == 0o400, name
+        assert secret.uid == 472 and secret.gid == 0, name
+        assert secret.content_string == _generated(generated), name
+    assert not host.file(DIR + "/grafana.env").exists
 
 
-def test_env_file_holds_the_secrets_and_settings(host):
+def test_secrets_are_files_never_environment_values(host):
+    service = _service(host)
+    environment = service["environment"]
+    secrets = [_generated(n) for n in ("grafana_admin_password", "grafana_secret_key", "grafana_influxdb_token")]
+    assert not any(secret in str(value) for value in environment.values() for secret in secrets)
+    assert "env_file" not in service
+    assert environment["GF_SECURITY_ADMIN_PASSWORD__FILE"] == "/run/secrets/grafana_admin_password"
+    assert environment["GF_SECURITY_SECRET_KEY__FILE"] == "/run/secrets/grafana_secret_key"
+    assert environment["INFLUXDB_READ_TOKEN_FILE"] == "/run/secrets/influxdb_read_token"
+    mounts = {m["target"]: m for m in service["volumes"]}
+    assert mounts["/run/secrets"] == {
+        "type": "bind",
+        "source": DIR + "/secrets",
+        "target": "/run/secrets",
+        "read_only": True,
+    }
+    # The same wrapper as the local stack turns the token file into INFLUXDB_READ_TOKEN.
+    assert service["entrypoint"] == ["/bin/sh", "/etc/telemetry/grafana-entrypoint.sh"]
+    assert mounts["/etc/telemetry/grafana-entrypoint.sh"]["source"] == DIR + "/entrypoint.sh"
+    assert filecmp.cmp(REPO / "compose" / "grafana" / "entrypoint.sh", DIR + "/entrypoint.sh", shallow=False)
+
+
+def test_environment_holds_the_settings(host):
     env = _env(host)
-    assert env["GF_SECURITY_ADMIN_PASSWORD"] == _generated("grafana_admin_password")
-    assert env["GF_SECURITY_SECRET_KEY"] == _generated("grafana_secret_key")
-    assert env["INFLUXDB_READ_TOKEN"] == _generated("grafana_influxdb_token")
     assert env["GF_SERVER_ROOT_URL"] == "https://grafana.example.test/"
     assert env["GF_SECURITY_COOKIE_SECURE"] == "true"
     assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
@@ -58,7 +89,7 @@ def test_env_file_holds_the_secrets_and_settings(host):
 
 
 def test_secrets_stay_out_of_world_readable_files(host):
-    secrets = [_generated(n) for n in ("grafana_admin_password", "grafana_secret_key")]
+    secrets = [_generated(n) for n in ("grafana_admin_password", "grafana_secret_key", "grafana_influxdb_token")]
     for path in Path(DIR).rglob("*"):
         if path.is_file() and path.stat().st_mode & 0o044:
             text = path.read_text(errors="replace")
@@ -102,8 +133,11 @@ def test_container_definition(host):
     assert service["image"] == _pinned("GRAFANA_IMAGE")
     assert service["user"] == "472:0"
     assert service["ports"] == ["127.0.0.1:3000:3000"]
-    assert service["env_file"] == [DIR + "/grafana.env"]
-    assert "environment" not in service
+    assert service["cap_drop"] == ["ALL"]
+    assert "cap_add" not in service
+    assert service["security_opt"] == ["no-new-privileges:true"]
+    assert service["mem_limit"] == "1g"
+    assert service["pids_limit"] == 512
     for mount in service["volumes"]:
         assert host.file(mount["source"]).exists, mount
     data = host.file(DIR + "/data")

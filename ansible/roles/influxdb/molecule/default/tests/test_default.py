@@ -62,6 +62,17 @@ def test_no_secret_in_the_container_environment(host):
         assert generated.read_text().strip() not in text
 
 
+def test_container_is_confined_limited_and_given_time_to_flush(host):
+    service = _compose(host)["services"]["influxdb"]
+    # The image's entrypoint chowns the data directories and drops to its user.
+    assert service["cap_drop"] == ["ALL"]
+    assert service["cap_add"] == ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETGID", "SETUID"]
+    assert service["security_opt"] == ["no-new-privileges:true"]
+    assert service["mem_limit"] == "4g"
+    assert service["pids_limit"] == 1024
+    assert service["stop_grace_period"] == "60s"
+
+
 def test_compose_definition_is_valid(host):
     result = subprocess.run(
         ["docker-compose", "-f", DIR + "/container.compose.yml", "config", "--quiet"],

@@ -74,6 +74,17 @@ def test_container_mounts_the_rendered_files(host):
         assert host.file(mount["source"]).exists, mount
 
 
+def test_container_is_confined_limited_and_given_time_to_flush(host):
+    service = _compose(host)["services"]["loki"]
+    # Loki runs as 10001 from the start: no capability is needed.
+    assert service["cap_drop"] == ["ALL"]
+    assert "cap_add" not in service
+    assert service["security_opt"] == ["no-new-privileges:true"]
+    assert service["mem_limit"] == "4g"
+    assert service["pids_limit"] == 1024
+    assert service["stop_grace_period"] == "60s"
+
+
 def test_compose_definition_is_valid(host):
     result = subprocess.run(
         ["docker-compose", "-f", DIR + "/container.compose.yml", "config", "--quiet"],
