@@ -50,7 +50,7 @@ doctor:
 	    docker exec "$$influxdb" cat /run/telemetry-tokens/grafana-read.token 2>/dev/null)}" \
 	  GRAFANA_URL="http://127.0.0.1:$$(grep -E '^GRAFANA_PORT=' compose/.env | cut -d= -f2- | grep . || echo 3000)" \
 	  GRAFANA_USER="$$(grep -E '^GRAFANA_ADMIN_USER=' compose/.env | cut -d= -f2- | grep . || echo admin)" \
-	  GRAFANA_PASSWORD="$$(grep -E '^GRAFANA_ADMIN_PASSWORD=' compose/.env | cut -d= -f2-)" \
+	  GRAFANA_PASSWORD="$$(cat compose/secrets/grafana_admin_password)" \
 	  $(PYTHON) -m telemetry_client doctor --stack $(DOCTOR_ARGS)
 
 # The local stack (compose/): see docs/local-stack.md.
