@@ -139,6 +139,14 @@ def _certificate_facts(der: bytes | None, info: TlsInfo) -> None:
         info.names = [a.value for a in cert.subject.get_attributes_for_oid(x509.oid.NameOID.COMMON_NAME)]
 
 
+def _summary_facts(cert: dict, info: TlsInfo) -> None:
+    """Names, issuer and expiry from `ssl`'s summary of a verified certificate."""
+    info.names = [value for kind, value in cert.get("subjectAltName", ()) if kind in ("DNS", "IP Address")]
+    info.issuer = ", ".join(f"{k}={v}" for rdn in cert.get("issuer", ()) for k, v in rdn) or None
+    if cert.get("notAfter"):
+        info.not_after = dt.datetime.fromtimestamp(ssl.cert_time_to_seconds(cert["notAfter"]), dt.UTC)
+
+
 def _peer_certificate(address: tuple, host: str, timeout: float) -> bytes | None:
     """The certificate a server presents, fetched without verifying it (only to describe it)."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
@@ -228,6 +236,8 @@ def probe(
             assert isinstance(sock, ssl.SSLSocket)
             result.tls.version = sock.version()
             _certificate_facts(sock.getpeercert(binary_form=True), result.tls)
+            if result.tls.not_after is None and verify:  # without `cryptography`: the verified certificate's summary
+                _summary_facts(sock.getpeercert() or {}, result.tls)
 
         connection = http.client.HTTPConnection(host, port, timeout=timeout)
         connection.sock = sock

@@ -15,10 +15,15 @@ import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from telemetry_client.doctor_net import probe
 from telemetry_client.doctor_report import Check, fail, ok, warn
 from telemetry_client.doctor_server import Endpoint
+
+if TYPE_CHECKING:
+    from telemetry_client.loki import LokiHandler
+    from telemetry_client.metrics import MetricsLogger
 
 TEST_MEASUREMENT = "telemetry_doctor_test"
 TEST_SERVICE = "telemetry_doctor"
@@ -37,13 +42,13 @@ def new_run_id() -> str:
     return "doctor-" + secrets.token_hex(6)
 
 
-def send_point(make_logger: Callable[[], object], run_id: str, timeout: float) -> Check:
+def send_point(make_logger: Callable[[], MetricsLogger], run_id: str, timeout: float) -> Check:
     """Log one point through a MetricsLogger built from the node's configuration and wait until it is sent."""
     logger = make_logger()
-    logger.log(TEST_MEASUREMENT, tags={"test": "true"}, fields={"value": 1.0, "run_id": run_id})  # type: ignore[attr-defined]
-    left = logger.flush(timeout)  # type: ignore[attr-defined]
-    stats = logger.stats()  # type: ignore[attr-defined]
-    logger.close(0.5)  # type: ignore[attr-defined]
+    logger.log(TEST_MEASUREMENT, tags={"test": "true"}, fields={"value": 1.0, "run_id": run_id})
+    left = logger.flush(timeout)
+    stats = logger.stats()
+    logger.close(0.5)
     if left or stats.get("sent", 0) < 1:
         return fail(
             "Test point",
@@ -54,7 +59,7 @@ def send_point(make_logger: Callable[[], object], run_id: str, timeout: float) -
     return ok("Test point", f"1 point ({TEST_MEASUREMENT}, run_id={run_id}) delivered.", run_id=run_id)
 
 
-def send_line(make_handler: Callable[[], object], run_id: str, timeout: float) -> Check:
+def send_line(make_handler: Callable[[], LokiHandler], run_id: str, timeout: float) -> Check:
     """Emit one log line through a LokiHandler built from the node's configuration and wait until it is sent."""
     import logging
 
@@ -62,10 +67,10 @@ def send_line(make_handler: Callable[[], object], run_id: str, timeout: float) -
     record = logging.LogRecord(TEST_SERVICE, logging.INFO, __file__, 0, "telemetry doctor test line", (), None)
     record.run_id = run_id  # an `extra=` field: it lands in the JSON line, not in the labels
     record.doctor_test = True
-    handler.handle(record)  # type: ignore[attr-defined]
-    left = handler.flush(timeout)  # type: ignore[attr-defined]
-    stats = handler.stats()  # type: ignore[attr-defined]
-    handler.close(0.5)  # type: ignore[attr-defined]
+    handler.handle(record)
+    left = handler.flush(timeout)
+    stats = handler.stats()
+    handler.close(0.5)
     if left or stats.get("sent", 0) < 1:
         return fail(
             "Test line",

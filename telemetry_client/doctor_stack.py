@@ -18,6 +18,7 @@ import re
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from telemetry_client.doctor_net import Probe, probe
 from telemetry_client.doctor_report import Check, Status, describe_secret, fail, ok, warn
@@ -52,7 +53,7 @@ def basic_headers(user: str | None, password: str | None) -> dict[str, str]:
     return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
 
 
-def _json(result: Probe) -> object:
+def _json(result: Probe) -> Any:
     try:
         return json.loads(result.body or b"null")
     except ValueError:
@@ -79,7 +80,8 @@ def services(settings: StackSettings) -> list[Check]:
     if not influx.answered:
         checks.append(_unreachable("InfluxDB service", influx, "INFLUXDB_PORT in compose/.env"))
     elif influx.status in (200, 204):
-        version = influx.headers.get("x-influxdb-version") or (_json(influx) or {}).get("version", "")  # type: ignore[union-attr]
+        body = _json(influx)
+        version = influx.headers.get("x-influxdb-version") or (body.get("version") if isinstance(body, dict) else "")
         checks.append(
             ok("InfluxDB service", f"{influx.url} answered {influx.status} (version {version or 'unknown'}).")
         )
@@ -215,7 +217,8 @@ def dashboards(settings: StackSettings) -> Check:
         return _unreachable(name, result, "GRAFANA_PORT in compose/.env")
     if result.status == 401:
         return _grafana_refused(name, result)
-    found = {str(d.get("uid")) for d in _json(result) or [] if isinstance(d, dict)}  # type: ignore[union-attr]
+    listed = _json(result)
+    found = {str(d.get("uid")) for d in listed if isinstance(d, dict)} if isinstance(listed, list) else set()
     missing = sorted(set(expected) - found)
     if missing:
         return fail(
@@ -239,7 +242,8 @@ def alert_rules(settings: StackSettings) -> Check:
         return _unreachable(name, result, "GRAFANA_PORT in compose/.env")
     if result.status == 401:
         return _grafana_refused(name, result)
-    found = {str(r.get("uid")) for r in _json(result) or [] if isinstance(r, dict)}  # type: ignore[union-attr]
+    listed = _json(result)
+    found = {str(r.get("uid")) for r in listed if isinstance(r, dict)} if isinstance(listed, list) else set()
     if not expected:
         return ok(name, f"no alert rules are provisioned in the repository; Grafana holds {len(found)}.")
     missing = sorted(set(expected) - found)

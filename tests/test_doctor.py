@@ -863,3 +863,23 @@ def test_the_authorisation_verdict_says_which_api_version_was_checked(influx_aut
     assert "API v1, /write" in influx_authorisation(v1, authorisation_probe(v1)).evidence
     v2 = _influx_v2(victoria_server.url)
     assert "API v2, /api/v2/write" in influx_authorisation(v2, authorisation_probe(v2)).evidence
+
+
+def test_certificate_facts_without_cryptography_come_from_ssl(pki, monkeypatch):
+    """`cryptography` is not a dependency of the client: a verified certificate is still described."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_cryptography(name, *args, **kwargs):
+        if name.startswith("cryptography"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    with _https(pki, "good") as url:
+        monkeypatch.setattr(builtins, "__import__", no_cryptography)
+        _, _, tls = _tls_verdicts(url, pki["ca"])
+        monkeypatch.setattr(builtins, "__import__", real_import)
+    assert tls.status is Status.OK
+    assert "127.0.0.1" in tls.details["names"]
+    assert tls.details["not_after"]
