@@ -261,9 +261,11 @@ def format_duration(value: timedelta) -> str:
 
 # ---------------------------------------------------------------- interpolation
 
-_VARIABLE = re.compile(r"\$\{(\w+)(?::[\w-]+)?\}|\[\[(\w+)(?::[\w-]+)?\]\]|\$(\w+)")
+_VARIABLE = re.compile(r"\$\{(\w+)(?::([\w-]+))?\}|\[\[(\w+)(?::([\w-]+))?\]\]|\$(\w+)")
 _INFLUX_REGEX = re.compile(r"(=~|!~)(\s*)/((?:\\.|[^/\\])*)/")
-_LOKI_STRING = re.compile(r'(=~|!~|\|~|!=|\|=|=)?(\s*)"((?:\\.|[^"\\])*)"')
+_LOKI_STRING = re.compile(r'(=~|!~|\|~|!=|\|=|=)?(\s*)(?:"((?:\\.|[^"\\])*)"|`([^`]*)`)')
+# @grafana/data escapeRegex, used by the `${var:regex}` format (packages/grafana-data/src/text/string.ts).
+_GRAFANA_REGEX_SPECIAL = re.compile(r"([\\^$*+?.()|\[\]{}/])")
 _INFLUX_SPECIAL = re.compile(r"([\\/^$.*+?()\[\]{}|])")
 _LOKI_SPECIAL = re.compile(r"([$^*{}\[\]+?.()|])")
 
@@ -341,9 +343,15 @@ def _substitute(
     raw: Any = None,
 ) -> str:
     def replace(match: re.Match[str]) -> str:
-        name = match.group(1) or match.group(2) or match.group(3)
+        name = match.group(1) or match.group(3) or match.group(5)
+        explicit = match.group(2) or match.group(4)
         if name in builtins:
             return builtins[name]
+        if name in values and explicit in _EXPLICIT_FORMATS:
+            chosen = _values(values[name])
+            if chosen is None:  # All: Grafana formats the allValue (or every option) the same way
+                return _format(name, values[name], definitions.get(name), False, str)
+            return _EXPLICIT_FORMATS[explicit](chosen)
         if name in values:
             return _format(name, values[name], definitions.get(name), regex, escape, raw)
         raise KeyError(f"no value for ${name}")
@@ -353,6 +361,25 @@ def _substitute(
 
 def _definitions(dashboard: Dashboard | None) -> dict[str, dict[str, Any]]:
     return variables_of(dashboard) if dashboard else {}
+
+
+def grafana_escape_regex(value: str) -> str:
+    """Grafana's `${var:regex}` format: regex metacharacters escaped with a backslash."""
+    return _GRAFANA_REGEX_SPECIAL.sub(r"\\\1", value)
+
+
+def _regex_format(values: list[str]) -> str:
+    escaped = [grafana_escape_regex(v) for v in values]
+    return escaped[0] if len(escaped) == 1 else "(" + "|".join(escaped) + ")"
+
+
+def _raw_format(values: list[str]) -> str:
+    return ",".join(values)
+
+
+# Formats a query names explicitly (`${var:regex}`), as @grafana/scenes' formatRegistry applies them:
+# they replace the data source's own interpolation.
+_EXPLICIT_FORMATS = {"regex": _regex_format, "raw": _raw_format}
 
 
 def influx_regex_escape(value: str) -> str:
@@ -396,6 +423,11 @@ def expand_influxql(
     return "".join(pieces)
 
 
+def _loki_quote(value: str) -> str:
+    """lokiRegularEscape of Grafana's Loki data source (public/app/plugins/datasource/loki/datasource.ts)."""
+    return value.replace("'", "\\\\'")
+
+
 def _loki_string_escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"')
 
@@ -423,8 +455,14 @@ def expand_logql(
         pieces.append(_substitute(query[last : match.start()], builtins, values, definitions, False, loki_regex_escape))
         operator = match.group(1) or ""
         regex = operator in ("=~", "!~", "|~")
-        body = _substitute(match.group(3), builtins, values, definitions, regex, loki_regex_escape, _loki_string_escape)
-        pieces.append(f'{operator}{match.group(2)}"{body}"')
+        if match.group(4) is not None:  # a raw string: inserted as Grafana's Loki data source does (' escaped)
+            body = _substitute(match.group(4), builtins, values, definitions, regex, loki_regex_escape, _loki_quote)
+            pieces.append(f"{operator}{match.group(2)}`{body}`")
+        else:
+            body = _substitute(
+                match.group(3), builtins, values, definitions, regex, loki_regex_escape, _loki_string_escape
+            )
+            pieces.append(f'{operator}{match.group(2)}"{body}"')
         last = match.end()
     pieces.append(_substitute(query[last:], builtins, values, definitions, False, loki_regex_escape))
     return "".join(pieces)
@@ -540,7 +578,7 @@ def influxql_references(query: str) -> InfluxReferences:
     )
 
 
-_LOKI_SELECTOR = re.compile(r"\{([^{}]*)\}")
+_LOKI_SELECTOR = re.compile(r"(?<!\$)\{([^{}]*)\}")  # not a ${variable:format}
 _LOKI_MATCHER = re.compile(r'([A-Za-z_]\w*)\s*(=~|!~|!=|=)\s*(?:"(?:[^"\\]|\\.)*"|`[^`]*`)')
 _LOKI_GROUPING = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
 _LOKI_LABEL_VALUES = re.compile(r"label_values\((?:\{[^{}]*\}\s*,\s*)?([A-Za-z_]\w*)\s*\)")

@@ -184,7 +184,7 @@ def test_logs_dashboard_has_a_search_box_used_by_its_log_panels() -> None:
     log_panels = [p for p in dash.iter_panels(logs) if p["type"] == "logs"]
     assert log_panels
     for panel in log_panels:
-        assert "$search" in panel["targets"][0]["expr"]
+        assert "${search:regex}" in panel["targets"][0]["expr"]
 
 
 # ---------------------------------------------------------------- catalog

@@ -16,6 +16,18 @@ from grafana.builder.variables import loki_variable, textbox_variable
 LOG_PANEL_LINES = 250
 
 
+# The Search box: a LogQL raw string (backticks: no escape sequences to break) holding
+# the text regex-escaped by Grafana's `regex` format, so any text is searched for
+# literally, anywhere in the line, ignoring case. A raw string cannot hold a
+# backtick: text with one makes Loki answer a parse error, said on the panels.
+SEARCH = "|~ `(?i)${search:regex}`"
+SEARCH_HELP = (
+    "The Search box finds its text literally (characters such as . * [ \\ are plain text, not a regex), "
+    "anywhere in the line as stored, ignoring case (a JSON line stores a quote as \\\"); "
+    "text containing a backtick (`) cannot be searched for."
+)
+
+
 def _lines(target: Json) -> Json:
     """A log panel's target with its line count."""
     return {**target, "maxLines": LOG_PANEL_LINES}
@@ -69,15 +81,15 @@ def build() -> Json:
     ly.row("Lines")
     ly.logs(
         "Logs",
-        f"The newest {LOG_PANEL_LINES} lines of the selected streams; the Search box filters them (case-insensitive). "
+        f"The newest {LOG_PANEL_LINES} lines of the selected streams. {SEARCH_HELP} "
         "| json turns the body's fields (message, logger, window, step, peer, trace_id...) "
         "into fields of each line.",
-        _lines(loki_target("A", f'{everything} |~ "(?i)$search" | json')),
+        _lines(loki_target("A", f"{everything} {SEARCH} | json")),
     )
     ly.logs(
         "Errors and exceptions",
-        "Error and critical lines only, with their exception and traceback in the body.",
-        _lines(loki_target("A", f'{errors} |~ "(?i)$search" | json')),
+        f"Error and critical lines only, with their exception and traceback in the body. {SEARCH_HELP}",
+        _lines(loki_target("A", f"{errors} {SEARCH} | json")),
         height=10,
     )
     variables = [
