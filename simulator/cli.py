@@ -20,12 +20,14 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from simulator import alerting as al
 from simulator import dashboards as dash
+from simulator import faults as ft
 from simulator import fleet as fl
 from simulator import load
 from simulator import report as rp
@@ -79,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
             "INFLUXDB_TOKEN), INFLUXDB_USERNAME/INFLUXDB_PASSWORD (InfluxDB 1.x), LOKI_URL, LOKI_USERNAME/"
             "LOKI_PASSWORD or LOKI_BEARER_TOKEN, GRAFANA_URL, GRAFANA_TOKEN or GRAFANA_USER/GRAFANA_PASSWORD. "
             "Exit code: 0 all OK; bits 1 = a query EMPTY or ERROR, 2 = usage error, 4 = records lost, "
-            "8 = the fleet or a store failed (they add up)."
+            "8 = the fleet or a store failed, 16 = an alert rule fired without its fault or stayed quiet under it "
+            "(they add up)."
         ),
     )
     nodes = parser.add_argument_group("fleet")
@@ -159,6 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
         "else the write token)",
     )
     target.add_argument("--loki-url", help="Loki base URL (env LOKI_URL); without one the fleet writes no logs")
+    target.add_argument(
+        "--loki-query-url",
+        help="where Loki answers queries, when not at --loki-url (a read path behind another address; "
+        "env LOKI_QUERY_URL)",
+    )
     target.add_argument("--grafana-url", help="run the queries through Grafana's /api/ds/query (env GRAFANA_URL)")
     target.add_argument(
         "--grafana-token-file",
@@ -190,6 +198,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_SETTLE,
         help=f"seconds to keep re-counting stored records that are still missing (default: {DEFAULT_SETTLE:g})",
     )
+    check.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="KIND[:uid=N][@SECONDS]",
+        help="inject a fault (repeatable): "
+        + "; ".join(f"{k}: {v[0]}" for k, v in ft.KINDS.items())
+        + ". Default node: the first that fits; default start: half-way. Every alert rule is then evaluated "
+        "and must fire exactly under its fault",
+    )
+    check.add_argument(
+        "--alerting",
+        type=Path,
+        default=al.ALERTING_DIR,
+        help="directory of the generated alerting files (default: grafana/alerting)",
+    )
     check.add_argument("--no-validate", action="store_true", help="flood only: no dashboard queries, no accounting")
     check.add_argument("--report", type=Path, help="write the JSON report to this file")
     check.add_argument("--verbose", action="store_true", help="list every query in the table, OK ones included")
@@ -211,6 +235,11 @@ class Stack:
     password: str | None
     loki_url: str | None
     grafana: GrafanaClient | None
+    loki_query_url: str | None = None
+
+    @property
+    def loki_read_url(self) -> str | None:
+        return self.loki_query_url or self.loki_url
 
 
 def _read_secret(path: str | None, variable: str) -> str | None:
@@ -269,6 +298,7 @@ def resolve_stack(args: argparse.Namespace) -> Stack:
         password=password,
         loki_url=(args.loki_url or _env("LOKI_URL") or "").rstrip("/") or None,
         grafana=grafana,
+        loki_query_url=(args.loki_query_url or _env("LOKI_QUERY_URL") or "").rstrip("/") or None,
     )
 
 
@@ -417,8 +447,8 @@ def runners_for(stack: Stack, selected: Sequence[str]) -> dict[str, vd.Runner]:
         runners["influxdb"] = influxql(stack)
     if "loki" in selected:
         runners["loki"] = (
-            lokiql(stack.loki_url)
-            if stack.loki_url
+            lokiql(stack.loki_read_url)
+            if stack.loki_read_url
             else _Unconfigured("no Loki URL: set --loki-url or LOKI_URL, or leave Loki out with --datasource influxdb")
         )
     return runners
@@ -462,7 +492,8 @@ def execute(args: argparse.Namespace, line_counter: LineCounter | None = None) -
     specs = fl.build_specs(counts, args.seed)
     if not specs:
         raise UsageError("the fleet is empty: give at least one of --miners, --validators, --aggregators, --evaluators")
-    plan = fl.plan_for(specs, args.points_per_sec, args.window_seconds, args.duration)
+    faults = resolve_faults(args, specs, stack)
+    plan = replace(fl.plan_for(specs, args.points_per_sec, args.window_seconds, args.duration), faults=tuple(faults))
     targets = fl.Targets(
         influx_url=stack.influx_url,
         database=stack.database,
@@ -486,6 +517,7 @@ def execute(args: argparse.Namespace, line_counter: LineCounter | None = None) -
 
     checks: list[vd.QueryCheck] = []
     delivery: list[vd.DeliveryRow] = []
+    alerts: list[al.AlertCheck] = []
     if not args.no_validate:
         window = dash.TimeRange(
             datetime.fromtimestamp(fleet.started_ns / 1e9 - 1, UTC),
@@ -503,13 +535,73 @@ def execute(args: argparse.Namespace, line_counter: LineCounter | None = None) -
         )
         uids = vd.datasource_uids(dashboards)
         delivery = account_delivery(stack, fleet, window, args.settle, line_counter, uids)
+        alerts = evaluate_alerts(args, stack, fleet, faults, selected, uids)
 
-    report = rp.build_report(public_settings(args, stack, run), fleet, checks, delivery)
+    report = rp.build_report(public_settings(args, stack, run), fleet, checks, delivery, alerts, faults)
     if args.report:
         rp.write_json(report, args.report)
     if not args.quiet:
         rp.print_report(report, verbose=args.verbose)
     return report["summary"]["exit_code"]
+
+
+REFUSED_URL = "http://127.0.0.1:1"  # nothing listens on port 1: a store that refuses connections
+
+
+def resolve_faults(args: argparse.Namespace, specs: Sequence[fl.NodeSpec], stack: Stack) -> list[ft.ActiveFault]:
+    """The --fault flags for this fleet, each with enough of the run left to be noticed."""
+    try:
+        parsed = [ft.Fault.parse(text) for text in args.fault]
+        faults = ft.resolve(parsed, {s.uid: s.role for s in specs}, args.duration)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if faults and args.duration < al.MIN_RUN_SECONDS:
+        raise UsageError(f"faults need a load of {al.MIN_RUN_SECONDS:g} s or more to be judged (--duration)")
+    for fault in faults:
+        needed = al.fault_needs_seconds(fault.kind, args.window_seconds)
+        if args.duration - fault.at < needed:
+            raise UsageError(
+                f"fault {fault.kind} starts at {fault.at:g}s: the rules need {needed:g} s of it before the load "
+                f"ends at {args.duration:g}s; start it earlier or run longer"
+            )
+        if fault.kind in ("error-burst", "loki-down") and not stack.loki_url:
+            raise UsageError(f"fault {fault.kind} needs Loki: give --loki-url")
+    return faults
+
+
+def evaluate_alerts(
+    args: argparse.Namespace,
+    stack: Stack,
+    fleet: load.FleetResult,
+    faults: Sequence[ft.ActiveFault],
+    selected: Sequence[str],
+    uids: Mapping[str, str],
+) -> list[al.AlertCheck]:
+    """Every provisioned rule, evaluated where the load ended, with the run's settings."""
+    ended_ms = int((fleet.started_ns + fleet.load_seconds * 1e9) / 1e6)
+    if stack.grafana is not None:
+        wide = dash.TimeRange(
+            datetime.fromtimestamp(fleet.started_ns / 1e9 - 3600, UTC), datetime.fromtimestamp(ended_ms / 1e3 + 60, UTC)
+        )
+        influx: Any = vd.GrafanaInfluxQL(stack.grafana, uids.get("influxdb", "influxdb"), wide)
+        loki: Any = vd.GrafanaLogQL(stack.grafana, uids.get("loki", "loki"))
+    else:
+        influx = influxql(stack)
+        loki = lokiql(stack.loki_read_url) if stack.loki_read_url else None
+    kinds = {f.kind for f in faults}
+    if "influxdb-down" in kinds:
+        influx = vd.InfluxQL(REFUSED_URL, stack.database)
+    if "loki-down" in kinds:
+        loki = vd.LokiQL(REFUSED_URL)
+    if "influxdb" not in selected:
+        influx = None
+    if "loki" not in selected or not stack.loki_url:
+        loki = None
+    try:
+        rules = al.load_rules(al.run_settings(fleet.load_seconds, args.window_seconds), args.alerting)
+    except (OSError, ValueError, KeyError) as exc:
+        raise UsageError(f"cannot read the alert rules in {args.alerting}: {exc}") from None
+    return al.evaluate(rules, influx, loki, ended_ms, faults, fleet.load_seconds)
 
 
 def account_delivery(
@@ -529,7 +621,7 @@ def account_delivery(
     # Timestamps come from the nodes' clocks; a minute of slack either side costs nothing.
     wide = dash.TimeRange(window.start - timedelta(minutes=1), window.end + timedelta(minutes=1))
     influx: vd.InfluxQL | vd.GrafanaInfluxQL = influxql(stack)
-    loki: vd.LokiQL | vd.GrafanaLogQL | None = lokiql(stack.loki_url) if stack.loki_url else None
+    loki: vd.LokiQL | vd.GrafanaLogQL | None = lokiql(stack.loki_read_url) if stack.loki_read_url else None
     if stack.grafana is not None:  # count through Grafana too: its credentials are all the run needs
         influx = vd.GrafanaInfluxQL(stack.grafana, uids.get("influxdb", "influxdb"), wide)
         loki = vd.GrafanaLogQL(stack.grafana, uids.get("loki", "loki"))

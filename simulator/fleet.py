@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from simulator import signals as sg
+from simulator.faults import ActiveFault, for_node
 from telemetry_client.shipping import BufferSettings
 
 DEFAULT_VERSION = "1.4.2"
@@ -94,6 +95,7 @@ class Plan:
     total_ticks: int
     miner_uids: tuple[str, ...]
     fleet_size: int
+    faults: tuple[ActiveFault, ...] = ()  # injected faults (simulator/faults.py), for every node to pick its own
 
 
 def build_specs(counts: Mapping[str, int], seed: int) -> list[NodeSpec]:
@@ -207,6 +209,36 @@ class SimNode:
         self._eval_order: list[str] = []
         self._evaluated = 0
         self._task = 0
+        self.faults = for_node(plan.faults, spec.uid)
+        self.load_started = time.monotonic()  # set again by the load controller when the load starts
+        self._active: frozenset[str] = frozenset()
+        self._fault_points_at = 0.0
+        self._stalled_window: int | None = None
+
+    # ---------------------------------------------------------------- faults
+
+    def _update_faults(self) -> None:
+        """Which of the node's faults have started by now."""
+        elapsed = time.monotonic() - self.load_started
+        active = frozenset(f.kind for f in self.faults if elapsed >= f.at)
+        if "gpu-oom" in active - self._active:
+            self.gpu.exhaust()
+        self._active = active
+
+    def _fault_points(self) -> None:
+        """What a faulty host reports, a few times a second (the client's own samples go on)."""
+        now = time.monotonic()
+        if now - self._fault_points_at < 0.2:
+            return
+        self._fault_points_at = now
+        if self._active & {"memory-full", "disk-full"}:
+            # One point with both fields (the other at a healthy level), so that every system point
+            # carries memory_percent: the delivery count takes the fullest column as the point count.
+            full = {"memory_percent": 98.0 if "memory-full" in self._active else 40.0}
+            full["disk_percent"] = 97.0 if "disk-full" in self._active else 40.0
+            self._log("system", full)
+        if "drops" in self._active:
+            self._log("performance", {"step_time_s": None, "window": float(max(0, self.window))})
 
     # ---------------------------------------------------------------- metrics
 
@@ -226,8 +258,15 @@ class SimNode:
 
     def tick(self) -> int:
         """One unit of the role's work; returns how many points it logged."""
+        if self.faults:
+            self._update_faults()
+            if "silent" in self._active:
+                return 0
         before = self.points
         window = self.step // self.plan.ticks_per_window
+        if "window-stall" in self._active:
+            self._stalled_window = self.window if self._stalled_window is None else self._stalled_window
+            window = self._stalled_window
         if window != self.window:
             self._end_window()
             self.window = window
@@ -241,6 +280,8 @@ class SimNode:
             self._aggregate()
         else:
             self._benchmark_next()
+        if self._active:
+            self._fault_points()
         self.step += 1
         return self.points - before
 
@@ -269,8 +310,11 @@ class SimNode:
     def _train_step(self) -> None:
         m = self.miner
         assert m is not None
+        loss = m.loss(self.step)
+        if "loss-divergence" in self._active:
+            loss = float("nan") if self.step % 3 == 0 else 4.0 * loss
         fields = {
-            "loss": m.loss(self.step),
+            "loss": loss,
             "learning_rate": m.learning_rate(self.step),
             "grad_norm": m.grad_norms(self.step),  # a list: the client writes mean/min/max/median
             "tokens_per_sec": m.tokens_per_sec(),
@@ -314,10 +358,12 @@ class SimNode:
 
     def log_line(self) -> int:
         """Write one log line; returns 1 when a line was handed to the logger, else 0."""
-        if self.logger is None:
+        if self.logger is None or "silent" in self._active:
             return 0
         rng = self.log_rng
         level = rng.choices([lv for lv, _ in LEVEL_WEIGHTS], [w for _, w in LEVEL_WEIGHTS])[0]
+        if "error-burst" in self._active:
+            level = "error"
         peer = rng.choice(self.peers)
         context = {
             "window": max(0, self.window),

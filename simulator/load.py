@@ -121,6 +121,8 @@ def run_nodes(
     points = lines = 0
     i = j = 0
     start = time.monotonic()
+    for node in nodes:
+        node.load_started = start  # injected faults count their start from here
     next_report = start + PROGRESS_INTERVAL
     interrupted = False
     try:

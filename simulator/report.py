@@ -6,6 +6,7 @@ Exit code bits (they add up, so one number says everything that went wrong):
   2  usage error (bad flags or configuration), from argparse or before the run
   4  records lost: dropped by a client, or stored fewer (or more) than delivered
   8  the fleet failed: a worker process crashed or a store could not be counted
+  16 an alert rule fired without its fault, or stayed quiet under it
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from simulator.alerting import AlertCheck
+from simulator.faults import ActiveFault, expected_drops
 from simulator.load import NOT_LOSS, FleetResult
 from simulator.validate import EMPTY, ERROR, OK, SKIPPED, DeliveryRow, QueryCheck
 
@@ -23,24 +26,34 @@ EXIT_PANELS = 1
 EXIT_USAGE = 2
 EXIT_LOSS = 4
 EXIT_FLEET = 8
+EXIT_ALERTS = 16
 REPORT_VERSION = 1
 
 
-def client_drops(fleet: FleetResult) -> dict[str, dict[str, int]]:
-    """Records the clients dropped, per sink and reason (sampling excluded)."""
+def client_drops(fleet: FleetResult, faults: Sequence[ActiveFault] = ()) -> dict[str, dict[str, int]]:
+    """Records the clients dropped, per sink and reason (sampling, and drops a fault causes on purpose, excluded)."""
     out: dict[str, dict[str, int]] = {}
+    ignored = NOT_LOSS | expected_drops(faults)
     for sink, stats in (("influxdb", fleet.metrics), ("loki", fleet.logs)):
-        reasons = {k: v for k, v in (stats.get("dropped_by_reason") or {}).items() if v and k not in NOT_LOSS}
+        reasons = {k: v for k, v in (stats.get("dropped_by_reason") or {}).items() if v and k not in ignored}
         if reasons:
             out[sink] = reasons
     return out
 
 
-def exit_code(fleet: FleetResult, checks: Sequence[QueryCheck], delivery: Sequence[DeliveryRow]) -> int:
+def exit_code(
+    fleet: FleetResult,
+    checks: Sequence[QueryCheck],
+    delivery: Sequence[DeliveryRow],
+    alerts: Sequence[AlertCheck] = (),
+    faults: Sequence[ActiveFault] = (),
+) -> int:
     code = EXIT_OK
     if any(c.status in (EMPTY, ERROR) for c in checks):
         code |= EXIT_PANELS
-    if client_drops(fleet) or any(row.stored is not None and not row.ok for row in delivery):
+    if any(not a.ok for a in alerts):
+        code |= EXIT_ALERTS
+    if client_drops(fleet, faults) or any(row.stored is not None and not row.ok for row in delivery):
         code |= EXIT_LOSS
     if fleet.errors or any(row.stored is None for row in delivery):
         code |= EXIT_FLEET
@@ -52,12 +65,17 @@ def build_report(
     fleet: FleetResult,
     checks: Sequence[QueryCheck],
     delivery: Sequence[DeliveryRow],
+    alerts: Sequence[AlertCheck] = (),
+    faults: Sequence[ActiveFault] = (),
 ) -> dict[str, Any]:
     """The JSON report: what was asked, what the fleet did, what every query returned, what was lost."""
     statuses = {status: sum(1 for c in checks if c.status == status) for status in (OK, EMPTY, ERROR, SKIPPED)}
     lost = sum(row.lost or 0 for row in delivery if row.stored is not None)
-    drops = client_drops(fleet)
-    code = exit_code(fleet, checks, delivery)
+    drops = client_drops(fleet, faults)
+    code = exit_code(fleet, checks, delivery, alerts, faults)
+    alert_statuses: dict[str, int] = {}
+    for alert in alerts:
+        alert_statuses[alert.status] = alert_statuses.get(alert.status, 0) + 1
     return {
         "version": REPORT_VERSION,
         "run": {
@@ -85,8 +103,12 @@ def build_report(
         },
         "queries": [c.to_dict() for c in checks],
         "delivery": [row.to_dict() for row in delivery],
+        "faults": [f.to_dict() for f in faults],
+        "alerts": [a.to_dict() for a in alerts],
         "summary": {
             "queries": statuses,
+            "alerts": alert_statuses,
+            "alerts_wrong": [a.uid for a in alerts if not a.ok],
             "points_sent": int(fleet.metrics.get("sent", 0)),
             "lines_sent": int(fleet.logs.get("sent", 0)),
             "lost": lost,
@@ -147,6 +169,25 @@ def print_report(report: dict[str, Any], console: Any = None, verbose: bool = Fa
     for row in report["delivery"]:
         if row["message"]:
             console.print(f"[red]{row['store']} {row['key']}: {row['message']}[/]")
+
+    alerts = report.get("alerts") or []
+    if alerts:
+        table = Table(title="Alert rules, evaluated as Grafana would at the end of the load")
+        for column in ("rule", "status", "fires", "expected", "instances / message"):
+            table.add_column(column, overflow="fold")
+        for alert in alerts:
+            style = "green" if alert["ok"] else "red"
+            shown = ", ".join(
+                "{" + ",".join(f"{k}={v}" for k, v in sorted(i["labels"].items())) + "}" for i in alert["instances"][:3]
+            )
+            table.add_row(
+                f"{alert['group']}/{alert['uid']}",
+                f"[{style}]{alert['status']}[/]",
+                "yes" if alert["fires"] else "no",
+                "yes" if alert["expected"] else "no",
+                (shown + " " + alert["message"]).strip()[:300],
+            )
+        console.print(table)
 
     fleet = report["fleet"]
     summary = report["summary"]

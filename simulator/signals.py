@@ -216,6 +216,11 @@ class GpuSignals:
         self.devices = [(str(index), f"GPU-{uuid.UUID(int=rng.getrandbits(128))}") for index in range(max(0, devices))]
         self.allocated = [rng.uniform(0.45, 0.7) * GPU_MEMORY_BYTES for _ in self.devices]
         self.peak = list(self.allocated)
+        self.full = False
+
+    def exhaust(self) -> None:
+        """An out-of-memory fault: the first device fills up and stays full."""
+        self.full = True
 
     def points(self) -> list[tuple[str, dict[str, str], dict[str, float]]]:
         """`gpu` and `gpu_memory` points, with the tags the client's own GPU sampler uses."""
@@ -223,9 +228,13 @@ class GpuSignals:
         out: list[tuple[str, dict[str, str], dict[str, float]]] = []
         for i, (index, gpu_uuid) in enumerate(self.devices):
             drifted = self.allocated[i] * rng.uniform(0.97, 1.03)
-            self.allocated[i] = min(0.92 * GPU_MEMORY_BYTES, max(0.1 * GPU_MEMORY_BYTES, drifted))
+            # At most 80% allocated: with the allocator's cache on top, a healthy card stays below 93% in use.
+            self.allocated[i] = min(0.8 * GPU_MEMORY_BYTES, max(0.1 * GPU_MEMORY_BYTES, drifted))
             self.peak[i] = max(self.peak[i], self.allocated[i])
-            reserved = min(GPU_MEMORY_BYTES, self.allocated[i] * rng.uniform(1.05, 1.15))
+            if self.full and i == 0:
+                self.allocated[i] = 0.97 * GPU_MEMORY_BYTES
+            self.peak[i] = max(self.peak[i], self.allocated[i])
+            reserved = min(0.99 * GPU_MEMORY_BYTES, self.allocated[i] * rng.uniform(1.05, 1.15))
             utilization = min(100.0, max(0.0, rng.gauss(self.busy, 4.0)))
             out.append(
                 (

@@ -1,0 +1,233 @@
+"""After a run: evaluate every provisioned alert rule the way Grafana would, and judge it against the faults.
+
+The rules are grafana/alerting/rules.yaml with the settings filled in for the run
+(grafana/alerting_src/settings.py: `simulated` values, and windows derived from the
+run's length), so what is evaluated is what Grafana loads, windows scaled to seconds.
+Each rule's queries run over its relativeTimeRange ending where the load ended, then
+its expressions (simulator/expressions.py, Grafana's semantics), then its condition:
+
+- FIRING: at least one instance (node, process, device) is Alerting;
+- NORMAL: every instance is Normal;
+- NO DATA: a query returned nothing, or the condition is null;
+- ERROR: a query failed (the store's message is kept);
+- SKIPPED: its data source is not part of the run, or the run was too short to judge.
+
+Whether Grafana would notify is then decided by the rule's own noDataState and
+execErrState (a NO DATA rule with noDataState Alerting fires). Evaluation happens
+once, as if `for` were 0 (the simulated settings make it 0). A rule fires as it
+should when it fires exactly under the faults that are meant to fire it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+from simulator import expressions as ex
+from simulator.faults import ActiveFault
+
+ALERTING_DIR = Path(__file__).resolve().parents[1] / "grafana" / "alerting"
+FIRING, NORMAL, NO_DATA, ERROR, SKIPPED = "FIRING", "NORMAL", "NO DATA", "ERROR", "SKIPPED"
+MIN_RUN_SECONDS = 8.0  # the simulated windows are a few seconds: a shorter run cannot tell silence from a pause
+MAX_INSTANCES = 10
+
+
+class InfluxSource(Protocol):
+    def query(self, text: str) -> list[dict[str, Any]]: ...
+
+
+class LokiSource(Protocol):
+    def instant(self, expr: str, at_ns: int) -> Any: ...
+
+
+@dataclass
+class AlertCheck:
+    """One rule after the run."""
+
+    uid: str
+    title: str
+    group: str
+    status: str
+    fires: bool
+    expected: bool
+    message: str = ""
+    instances: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == SKIPPED or self.fires == self.expected
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok}
+
+
+def run_settings(load_seconds: float, window_seconds: float) -> dict[str, str]:
+    """The settings the simulator evaluates with: `simulated` values, windows that span the run."""
+    from grafana.alerting_src import settings as st
+
+    span = str(max(1, math.ceil(load_seconds)))
+    derived = {
+        "ALERT_NODE_SILENT_LOOKBACK_SECONDS": span,
+        "ALERT_LOSS_BASELINE_SECONDS": span,
+        "ALERT_LOG_ERRORS_BASELINE_SECONDS": span,
+        "ALERT_STORE_WINDOW_SECONDS": span,
+        # A validator's window lasts about --window-seconds: give it four of them to move.
+        "ALERT_WINDOW_STALL_SECONDS": str(max(4, math.ceil(4 * window_seconds))),
+        # A burst must stand out against a node's own share of the lines, not against a tenth of one.
+        "ALERT_LOG_ERRORS_MIN": "10",
+    }
+    values = {s.name: s.simulated for s in st.SETTINGS if s.simulated is not None}
+    return st.resolve({**values, **derived})
+
+
+def fault_needs_seconds(kind: str, window_seconds: float) -> float:
+    """How long a fault must last before the load ends for its rule to see it with the run's settings."""
+    if kind == "window-stall":
+        return max(4, math.ceil(4 * window_seconds)) + 2.0
+    return 5.0
+
+
+def load_rules(values: Mapping[str, str], directory: Path = ALERTING_DIR) -> list[tuple[str, dict[str, Any]]]:
+    """(group name, rule) of the generated rules file with `values` filled in."""
+    from grafana.alerting_src import render
+
+    text = render.fill((directory / render.RULES_FILE).read_text(encoding="utf-8"), values)
+    return [(group["name"], rule) for group in yaml.safe_load(text)["groups"] for rule in group["rules"]]
+
+
+def expected_rules(faults: Sequence[ActiveFault]) -> set[str]:
+    """Uids of the rules the run's faults are meant to fire."""
+    from grafana.alerting_src.rules import RULES
+
+    kinds = {f.kind for f in faults}
+    return {rule.uid for rule in RULES if kinds & set(rule.fired_by)}
+
+
+# ---------------------------------------------------------------- queries
+
+
+def influx_results(payload: list[dict[str, Any]]) -> ex.Results:
+    """InfluxQL results as Grafana's InfluxDB data source frames them: one series per tag set and column."""
+    out: ex.Results = []
+    for result in payload:
+        for series in result.get("series") or []:
+            labels = {k: str(v) for k, v in (series.get("tags") or {}).items()}
+            columns = series.get("columns") or []
+            rows = series.get("values") or []
+            for index, column in enumerate(columns):
+                if column == "time":
+                    continue
+                points = tuple(
+                    (int(row[0]), None if row[index] is None else float(row[index]))
+                    for row in rows
+                    if isinstance(row[index], int | float | type(None))
+                )
+                out.append(ex.Series(labels, points))
+    return out or [ex.NO_DATA]
+
+
+def loki_results(data: Any, at_ms: int) -> ex.Results:
+    """A Loki instant query's vector (or scalar) as one-point series, labels from the metric."""
+    out: ex.Results = []
+    if isinstance(data, dict) and data.get("resultType") == "vector":
+        for sample in data.get("result") or []:
+            value = (sample.get("value") or [0, "NaN"])[1]
+            out.append(ex.Series(dict(sample.get("metric") or {}), ((at_ms, float(value)),)))
+    elif isinstance(data, dict) and data.get("resultType") == "scalar":
+        out.append(ex.Series({}, ((at_ms, float(data["result"][1])),)))
+    return out or [ex.NO_DATA]
+
+
+def run_query(
+    query: Mapping[str, Any], influx: InfluxSource | None, loki: LokiSource | None, at_ms: int
+) -> ex.Results | None:
+    """One data source query over its window ending at `at_ms`; None when its data source is not available."""
+    window = query["relativeTimeRange"]
+    start, end = at_ms - int(window["from"]) * 1000, at_ms - int(window["to"]) * 1000
+    model = query["model"]
+    if query["datasourceUid"] == "influxdb":
+        if influx is None:
+            return None
+        # Grafana's InfluxQL macro (pkg/tsdb/influxdb/influxql/query.go): time >= <from>ms and time <= <to>ms.
+        text = model["query"].replace("$timeFilter", f"time >= {start}ms and time <= {end}ms")
+        return influx_results(influx.query(text))
+    if query["datasourceUid"] == "loki":
+        if loki is None:
+            return None
+        # $__range is the query's window (pkg/tsdb/loki interpolation); an instant query runs at its end.
+        expr = model["expr"].replace("$__range", f"{max(1, (end - start) // 1000)}s")
+        return loki_results(loki.instant(expr, end * 1_000_000), end)
+    raise ex.ExpressionError(f"unknown data source {query['datasourceUid']}")
+
+
+def _expression(model: Mapping[str, Any], variables: Mapping[str, ex.Results]) -> ex.Results:
+    kind = model["type"]
+    if kind == "reduce":
+        settings = model.get("settings") or {}
+        source = variables[model["expression"].lstrip("$")]
+        return ex.reduce(source, model["reducer"], settings.get("mode", ""), settings.get("replaceWithValue", 0.0))
+    if kind == "math":
+        return ex.evaluate_math(model["expression"], variables)
+    if kind == "threshold":
+        evaluator = model["conditions"][0]["evaluator"]
+        return ex.threshold(variables[model["expression"].lstrip("$")], evaluator["type"], evaluator["params"])
+    raise ex.ExpressionError(f"expression type {kind} is not modelled")
+
+
+def evaluate_rule(
+    group: str, rule: Mapping[str, Any], influx: InfluxSource | None, loki: LokiSource | None, at_ms: int,
+    expected: bool,
+) -> AlertCheck:  # fmt: skip
+    check = AlertCheck(rule["uid"], rule["title"], group, NORMAL, False, expected)
+    variables: dict[str, ex.Results] = {}
+    no_data = False
+    try:
+        for query in rule["data"]:
+            if query["datasourceUid"] == "__expr__":
+                variables[query["refId"]] = _expression(query["model"], variables)
+                continue
+            results = run_query(query, influx, loki, at_ms)
+            if results is None:
+                check.status, check.message = SKIPPED, f"no {query['datasourceUid']} data source in this run"
+                return check
+            no_data = no_data or isinstance(results[0], ex.NoData)
+            variables[query["refId"]] = results
+        states = ex.condition_states(variables[rule["condition"]])
+    except (RuntimeError, OSError, ValueError) as exc:
+        check.status, check.message = ERROR, str(exc)[:500]
+        check.fires = rule["execErrState"] == "Alerting"
+        return check
+    alerting = [(labels, value) for labels, state, value in states if state == ex.ALERTING]
+    if no_data or not states or all(state == ex.NODATA for _, state, _ in states):
+        check.status = NO_DATA
+        check.fires = rule["noDataState"] == "Alerting"
+    elif alerting:
+        check.status, check.fires = FIRING, True
+    check.instances = [{"labels": labels, "value": value} for labels, value in alerting[:MAX_INSTANCES]]
+    if len(alerting) > MAX_INSTANCES:
+        check.message = f"{len(alerting)} instances alerting, the first {MAX_INSTANCES} listed"
+    return check
+
+
+def evaluate(
+    rules: Sequence[tuple[str, Mapping[str, Any]]],
+    influx: InfluxSource | None,
+    loki: LokiSource | None,
+    at_ms: int,
+    faults: Sequence[ActiveFault] = (),
+    load_seconds: float = MIN_RUN_SECONDS,
+) -> list[AlertCheck]:
+    """Every rule at `at_ms` (where the load ended), judged against the faults."""
+    expected = expected_rules(faults)
+    if load_seconds < MIN_RUN_SECONDS:
+        message = f"the load lasted {load_seconds:.1f} s; judging the rules needs {MIN_RUN_SECONDS:g} s or more"
+        return [
+            AlertCheck(rule["uid"], rule["title"], group, SKIPPED, False, rule["uid"] in expected, message)
+            for group, rule in rules
+        ]
+    return [evaluate_rule(group, rule, influx, loki, at_ms, rule["uid"] in expected) for group, rule in rules]

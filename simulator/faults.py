@@ -1,0 +1,111 @@
+"""Fault scenarios: what goes wrong, on which node, from when; and which alert rule must notice.
+
+`--fault KIND[:uid=N][@SECONDS]`, repeatable: KIND on node N (default: the first node
+of a role the fault fits), from SECONDS after the load starts (default: half-way).
+Node faults change what the node sends, through the same client as always; the store
+faults (influxdb-down, loki-down) point the rule evaluation at a closed port, as a
+Grafana whose data source refuses connections would see it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# Kind to (what it does, the roles it fits; () for a store fault).
+KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "silent": (
+        "the node stops sending anything (a hung or killed process)",
+        ("miner", "validator", "aggregator", "evaluator"),
+    ),
+    "loss-divergence": ("the miner's loss jumps fourfold and every third loss is NaN", ("miner",)),
+    "window-stall": ("the validator keeps scoring but its window stops advancing", ("validator",)),
+    "gpu-oom": (
+        "the node's first GPU fills up to 99% of its memory",
+        ("miner", "validator", "aggregator", "evaluator"),
+    ),
+    "memory-full": (
+        "the node's host reports 98% of its memory in use",
+        ("miner", "validator", "aggregator", "evaluator"),
+    ),
+    "disk-full": ("the node's host reports 97% of its disk in use", ("miner", "validator", "aggregator", "evaluator")),
+    "drops": (
+        "the node logs None values, which its client drops (none_value)",
+        ("miner", "validator", "aggregator", "evaluator"),
+    ),
+    "error-burst": ("every log line of the node is an error", ("miner", "validator", "aggregator", "evaluator")),
+    "influxdb-down": ("the rules' InfluxDB refuses connections", ()),
+    "loki-down": ("the rules' Loki refuses connections", ()),
+}
+# Drop reasons a fault causes on purpose: not counted as lost records.
+EXPECTED_DROPS: dict[str, frozenset[str]] = {"drops": frozenset({"none_value"})}
+STORE_FAULTS = frozenset(kind for kind, (_, roles) in KINDS.items() if not roles)
+
+_SPEC = re.compile(r"^(?P<kind>[a-z-]+)(?::uid=(?P<uid>[^@\s]+))?(?:@(?P<at>[0-9]+(?:\.[0-9]+)?)s?)?$")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault as given on the command line (uid and start may be left to the defaults)."""
+
+    kind: str
+    uid: str | None = None
+    at: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Fault:
+        match = _SPEC.match(text.strip())
+        if not match or match.group("kind") not in KINDS:
+            raise ValueError(f"bad fault {text!r}: expected KIND[:uid=N][@SECONDS] with KIND one of {', '.join(KINDS)}")
+        at = match.group("at")
+        return cls(match.group("kind"), match.group("uid"), float(at) if at is not None else None)
+
+
+@dataclass(frozen=True)
+class ActiveFault:
+    """A fault resolved for a run: which node (None for a store fault), from when."""
+
+    kind: str
+    uid: str | None
+    at: float
+
+    def to_dict(self) -> dict[str, object]:
+        return {"kind": self.kind, "uid": self.uid, "at_seconds": self.at}
+
+
+def resolve(faults: Sequence[Fault], roles_by_uid: dict[str, str], duration: float) -> list[ActiveFault]:
+    """Pick the node and start of each fault; ValueError when a fault cannot apply to this fleet."""
+    out = []
+    for fault in faults:
+        roles = KINDS[fault.kind][1]
+        at = duration / 2 if fault.at is None else fault.at
+        if at >= duration:
+            raise ValueError(f"fault {fault.kind} starts at {at:g}s, after the load ends ({duration:g}s)")
+        if not roles:
+            out.append(ActiveFault(fault.kind, None, at))
+            continue
+        uid = fault.uid
+        if uid is None:
+            fitting = [u for u, role in roles_by_uid.items() if role in roles]
+            fitting.sort(key=lambda u: (roles.index(roles_by_uid[u]), int(u) if u.isdigit() else 0, u))
+            if not fitting:
+                raise ValueError(f"fault {fault.kind} needs a {' or '.join(roles)} in the fleet")
+            uid = fitting[0]
+        elif uid not in roles_by_uid:
+            raise ValueError(f"fault {fault.kind}: no node with uid {uid} (uids are 0 to {len(roles_by_uid) - 1})")
+        elif roles_by_uid[uid] not in roles:
+            raise ValueError(f"fault {fault.kind} fits a {' or '.join(roles)}; node {uid} is a {roles_by_uid[uid]}")
+        out.append(ActiveFault(fault.kind, uid, at))
+    return out
+
+
+def for_node(faults: Sequence[ActiveFault], uid: str) -> tuple[ActiveFault, ...]:
+    return tuple(f for f in faults if f.uid == uid)
+
+
+def expected_drops(faults: Sequence[ActiveFault]) -> frozenset[str]:
+    reasons: set[str] = set()
+    for fault in faults:
+        reasons |= EXPECTED_DROPS.get(fault.kind, frozenset())
+    return frozenset(reasons)
