@@ -234,7 +234,8 @@ _TOKEN = re.compile(
     r"\s*(?:(?P<var>\$\{[^}]+\}|\$[A-Za-z_][A-Za-z0-9_]*)|(?P<num>[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)"
     r"|(?P<op>\*\*|&&|\|\||==|!=|>=|<=|[-+*/%><!()]))"
 )
-# Precedence, loosest first (the bosun expression grammar Grafana's parser comes from).
+# Precedence, loosest first (pkg/expr/mathexp/parse/parse.go: O ||, A &&, C comparisons, P + -, M * / %,
+# then E ** and F, the operand with its sign).
 _LEVELS: tuple[tuple[str, ...], ...] = (
     ("||",),
     ("&&",),
@@ -280,14 +281,14 @@ def evaluate_math(expression: str, variables: Mapping[str, Results]) -> Results:
             left = _binary(op, left, level(depth + 1))
         return left
 
-    def power() -> Results:
-        base = unary()
-        if peek() == ("op", "**"):
+    def power() -> Results:  # E = F {"**" F}: left to right
+        left = unary()
+        while peek() == ("op", "**"):
             take()
-            return _binary("**", base, power())
-        return base
+            left = _binary("**", left, unary())
+        return left
 
-    def unary() -> Results:
+    def unary() -> Results:  # F = v | "(" O ")" | "!" F | "-" F: a sign binds tighter than **
         if peek()[0] == "op" and peek()[1] in ("-", "!"):
             op = take()[1]
             return _unary(op, unary())

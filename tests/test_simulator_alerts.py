@@ -1,0 +1,157 @@
+"""Every provisioned alert rule, evaluated after real floods: quiet on a clean run, firing under its fault.
+
+Metrics go to a real InfluxDB 1.6.7, logs to the Loki conformance receiver; Loki's
+query API is served over the receiver's entries by tests/grafana_receiver.py (its
+LogQL evaluator), given to the simulator as --loki-query-url. Each run is ten
+seconds of load: the simulated rule windows are a few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from grafana_receiver import GrafanaReceiver, InfluxSource, LokiSource
+from loki_receiver import LokiReceiver
+from servers import InfluxV1
+
+from grafana.alerting_src.rules import RULES
+from simulator import alerting as al
+from simulator import faults as ft
+from simulator.cli import main
+from test_simulator_e2e import clean_env  # noqa: F401  (the developer's environment stays out)
+
+RUN = ["--duration", "10", "--ramp", "0.5", "--window-seconds", "1", "--min-interval", "1", "--settle", "3"]
+RUN += ["--self-metrics-interval", "0.5", "--system-interval", "0.5", "--processes", "0", "--quiet"]
+# uids: validators 0-1, aggregator 2, evaluator 3, miners 4-9.
+FLEET = ["--miners", "6", "--validators", "2", "--points-per-sec", "600", "--lines-per-sec", "300"]
+ALL_NODE_FAULTS = [
+    "silent:uid=3@3s",
+    "loss-divergence:uid=5@3",
+    "window-stall:uid=0@2",
+    "gpu-oom:uid=6@3",
+    "memory-full:uid=7@3",
+    "disk-full:uid=7@3",
+    "drops:uid=8@3",
+    "error-burst:uid=9@3",
+]
+
+
+@pytest.fixture
+def stack(influx_db: tuple[InfluxV1, str]) -> Iterator[list[str]]:
+    server, database = influx_db
+    with LokiReceiver() as loki:
+        sources = {
+            "influxdb": InfluxSource(server.url, database, min_interval=timedelta(seconds=1)),
+            "loki": LokiSource(loki, min_interval=timedelta(seconds=1)),
+        }
+        with GrafanaReceiver(sources, token="glsa_test_token") as grafana:
+            yield [
+                *("--influxdb-url", server.url, "--influxdb-api-version", "1", "--influxdb-database", database),
+                *("--loki-url", loki.base_url, "--loki-query-url", grafana.url),
+            ]
+
+
+def simulate(stack: list[str], tmp_path: Path, *extra: str) -> tuple[int, dict[str, Any]]:
+    report = tmp_path / "report.json"
+    code = main([*stack, *RUN, *FLEET, *extra, "--report", str(report)])
+    return code, json.loads(report.read_text())
+
+
+def by_uid(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {alert["uid"]: alert for alert in report["alerts"]}
+
+
+def test_a_clean_run_leaves_every_rule_normal(stack: list[str], tmp_path: Path) -> None:
+    code, report = simulate(stack, tmp_path)
+    alerts = by_uid(report)
+    assert set(alerts) == {rule.uid for rule in RULES}
+    assert {uid: a["status"] for uid, a in alerts.items() if a["status"] != al.NORMAL} == {}
+    assert code == 0 and report["summary"]["alerts"] == {al.NORMAL: len(RULES)}
+
+
+def test_every_node_fault_at_once_fires_exactly_its_rule_on_its_node(stack: list[str], tmp_path: Path) -> None:
+    code, report = simulate(stack, tmp_path, *(x for fault in ALL_NODE_FAULTS for x in ("--fault", fault)))
+    alerts = by_uid(report)
+    assert report["summary"]["alerts_wrong"] == [] and code == 0, report["summary"]
+    firing = {uid for uid, a in alerts.items() if a["status"] == al.FIRING}
+    assert firing == {rule.uid for rule in RULES if not rule.uid.endswith("unavailable")}
+    node = {uid: {i["labels"]["uid"] for i in a["instances"]} for uid, a in alerts.items()}
+    assert node["telemetry-node-silent"] == {"3"}
+    assert node["telemetry-loss-diverging"] == {"5"}
+    assert node["telemetry-validator-window-stalled"] == {"0"}
+    assert node["telemetry-gpu-memory-high"] == {"6"}
+    assert node["telemetry-host-memory-high"] == node["telemetry-host-disk-high"] == {"7"}
+    assert node["telemetry-client-drops"] == {"8"}
+    assert node["telemetry-log-errors"] == {"9"}
+    # The drops fault's none_value drops are expected, not lost records.
+    assert report["fleet"]["metrics"]["dropped_by_reason"]["none_value"] > 0
+    assert report["summary"]["client_drops"] == {} and report["summary"]["lost"] == 0
+    assert [f["kind"] for f in report["faults"]] == [f.split(":")[0] for f in ALL_NODE_FAULTS]
+
+
+def test_stores_that_refuse_connections_fire_the_store_rules_only(stack: list[str], tmp_path: Path) -> None:
+    code, report = simulate(stack, tmp_path, "--fault", "influxdb-down", "--fault", "loki-down@4")
+    alerts = by_uid(report)
+    assert code == 0, report["summary"]
+    fires = {uid for uid, a in alerts.items() if a["fires"]}
+    assert fires == {"telemetry-influxdb-unavailable", "telemetry-loki-unavailable"}
+    assert {a["status"] for a in alerts.values()} == {al.ERROR}
+    assert "Connection refused" in alerts["telemetry-node-silent"]["message"]
+
+
+def _broken_rules(tmp_path: Path, old: str, new: str) -> Path:
+    """A copy of the generated alerting files with one rule changed."""
+    copy = tmp_path / "alerting"
+    shutil.copytree(al.ALERTING_DIR, copy)
+    rules = copy / "rules.yaml"
+    text = rules.read_text()
+    assert old in text
+    rules.write_text(text.replace(old, new, 1))
+    return copy
+
+
+def test_a_rule_that_stays_normal_under_its_fault_fails_the_run(stack: list[str], tmp_path: Path) -> None:
+    broken = _broken_rules(tmp_path, "- ${ALERT_GPU_MEMORY_PERCENT}", "- 1000")
+    code, report = simulate(stack, tmp_path, "--fault", "gpu-oom@3", "--alerting", str(broken))
+    assert code & 16 and report["summary"]["alerts_wrong"] == ["telemetry-gpu-memory-high"]
+    assert by_uid(report)["telemetry-gpu-memory-high"]["status"] == al.NORMAL
+
+
+def test_a_rule_that_fires_on_a_clean_run_fails_the_run(stack: list[str], tmp_path: Path) -> None:
+    broken = _broken_rules(tmp_path, "- ${ALERT_HOST_DISK_PERCENT}", "- 0")
+    code, report = simulate(stack, tmp_path, "--alerting", str(broken), "--datasource", "influxdb")
+    assert code == 16, report["summary"]
+    assert report["summary"]["alerts_wrong"] == ["telemetry-host-disk-high"]
+    loki_rules = [a for a in report["alerts"] if a["uid"] in ("telemetry-log-errors", "telemetry-loki-unavailable")]
+    assert {a["status"] for a in loki_rules} == {al.SKIPPED}
+
+
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        ("meltdown", "bad fault"),
+        ("loss-divergence:uid=0", "fits a miner; node 0 is a validator"),
+        ("silent:uid=99", "no node with uid 99"),
+        ("silent@9.5", "start it earlier or run longer"),
+        ("drops@12", "after the load ends"),
+    ],
+)
+def test_a_fault_that_cannot_apply_is_a_usage_error(
+    stack: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], fault: str, message: str
+) -> None:
+    assert main([*stack, *RUN, *FLEET, "--fault", fault]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_short_runs_skip_the_rules_and_faults_need_a_long_enough_run() -> None:
+    checks = al.evaluate([("g", {"uid": "r", "title": "t"})], None, None, 0, load_seconds=3.0)
+    assert checks[0].status == al.SKIPPED and checks[0].ok
+    assert ft.resolve([ft.Fault.parse("silent")], {"0": "validator", "1": "miner"}, 10.0)[0].uid == "1"
+    assert ft.Fault.parse("loss-divergence:uid=5@15s") == ft.Fault("loss-divergence", "5", 15.0)
+    assert al.expected_rules(ft.resolve([ft.Fault("drops")], {"0": "miner"}, 10)) == {"telemetry-client-drops"}
