@@ -204,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KIND[:uid=N][@SECONDS]",
         help="inject a fault (repeatable): "
-        + "; ".join(f"{k}: {v[0]}" for k, v in ft.KINDS.items())
+        + "; ".join(f"{k}: {v[0]}" for k, v in ft.KINDS.items()).replace("%", "%%")
         + ". Default node: the first that fits; default start: half-way. Every alert rule is then evaluated "
         "and must fire exactly under its fault",
     )

@@ -163,7 +163,8 @@ def test_threshold_refuses_a_missing_bound() -> None:
 
 
 def test_condition_states_are_evaluated_as_grafana_does() -> None:
-    states = ex.condition_states([number(0.0, uid="1"), number(1.0, uid="2"), number(NAN, uid="3"), number(None, uid="4")])
+    values = [number(0.0, uid="1"), number(1.0, uid="2"), number(NAN, uid="3"), number(None, uid="4")]
+    states = ex.condition_states(values)
     assert [s for _, s, _ in states] == [ex.NORMAL, ex.ALERTING, ex.ALERTING, ex.NODATA]
     assert ex.condition_states([ex.NO_DATA])[0][1] == ex.NODATA
     with pytest.raises(ex.ExpressionError):

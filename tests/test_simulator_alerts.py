@@ -19,12 +19,12 @@ import pytest
 from grafana_receiver import GrafanaReceiver, InfluxSource, LokiSource
 from loki_receiver import LokiReceiver
 from servers import InfluxV1
+from test_simulator_e2e import clean_env  # noqa: F401  (the developer's environment stays out)
 
 from grafana.alerting_src.rules import RULES
 from simulator import alerting as al
 from simulator import faults as ft
 from simulator.cli import main
-from test_simulator_e2e import clean_env  # noqa: F401  (the developer's environment stays out)
 
 RUN = ["--duration", "10", "--ramp", "0.5", "--window-seconds", "1", "--min-interval", "1", "--settle", "3"]
 RUN += ["--self-metrics-interval", "0.5", "--system-interval", "0.5", "--processes", "0", "--quiet"]
