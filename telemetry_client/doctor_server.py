@@ -16,8 +16,12 @@ documented next to the code that reads the answer:
   is refused by the authentication middleware first (401 `unauthorized access`).
   influxdata/influxdb v2 `http/write_handler.go` (handleWrite) and
   `http/authentication_middleware.go`.
-* VictoriaMetrics `/api/v2/write` and `/write` with an empty body: 204; it checks
-  no token unless started with `-httpAuth.*` (measured on Debian's victoria-metrics).
+* VictoriaMetrics `/api/v2/write` and `/write` with an empty body: 204, with the
+  header `X-Influxdb-Version: 1.8.0` but no `X-Influxdb-Build` (which InfluxDB itself
+  sends); it checks no token unless started with `-httpAuth.*` (measured on Debian's
+  victoria-metrics). InfluxDB with auth off also answers 204 to anyone; so after a
+  204 a second empty write with an unknown credential tells whether credentials
+  are checked at all.
 * Loki `POST /loki/api/v1/push` with `{"streams":[]}`: the distributor refuses a
   push without streams with 422 `error at least one valid stream is required for
   ingestion`, after the request has passed authentication (grafana/loki
@@ -241,15 +245,28 @@ def _influx_error(result: Probe) -> str:
     return result.text()
 
 
-def influx_authorisation(endpoint: Endpoint, result: Probe) -> Check | None:
-    """Read InfluxDB's answer to an empty write (see the module docstring for each server's answers)."""
+def _server_name(result: Probe) -> str:
+    """InfluxDB itself sends X-Influxdb-Build (OSS, ...); VictoriaMetrics sends only X-Influxdb-Version: 1.8.0."""
+    version = result.headers.get("x-influxdb-version")
+    if result.headers.get("x-influxdb-build"):
+        return f"InfluxDB {version}"
+    return f"the server (answering as InfluxDB {version})" if version else "the server"
+
+
+def influx_authorisation(endpoint: Endpoint, result: Probe, timeout: float = 5.0) -> Check | None:
+    """Read InfluxDB's answer to an empty write (see the module docstring for each server's answers).
+
+    A 204 does not prove the credentials were checked (a server with auth off, or
+    VictoriaMetrics, accepts anything), so a second empty write with a credential
+    nobody holds tells whether this server checks at all.
+    """
     if not result.answered:
         return None
     name = "InfluxDB authorisation"
     status = result.status
     message = _influx_error(result)
     version = result.headers.get("x-influxdb-version")
-    server = f"InfluxDB {version}" if version else "the server"
+    server = _server_name(result)
     target = (
         f"database {endpoint.database!r} (API v1, /write)"
         if endpoint.api_version == 1
@@ -264,17 +281,20 @@ def influx_authorisation(endpoint: Endpoint, result: Probe) -> Check | None:
             **details,
         )
     if status == 204:
-        if endpoint.api_version == 1 and version:
+        bogus = "Token not-a-real-token" if endpoint.api_version == 2 else "Basic bm90LWEtdXNlcjpub3QtYS1wYXNzd29yZA=="
+        control = authorisation_probe(Endpoint(**{**endpoint.__dict__, "headers": {"Authorization": bogus}}), timeout)
+        details["unknown_credential_status"] = control.status
+        if control.status in (401, 403):
             return ok(
                 name,
-                f"{server} allows these credentials to write to {target} (204 to an empty write; nothing stored).",
+                f"{server} checked these credentials and allows them to write to {target} (204 to an empty "
+                f"write, {control.status} to the same with an unknown credential; nothing stored).",
                 **details,
             )
         return ok(
             name,
-            f"{server} accepts writes to {target} (204 to an empty write; nothing stored); "
-            "it does not say whether it checked the credentials (VictoriaMetrics, or InfluxDB with "
-            "auth off, checks none).",
+            f"{server} accepts writes to {target} (204 to an empty write; nothing stored) but checks no "
+            f"credentials: an unknown one got {control.status or control.error} too.",
             **details,
         )
     if status == 401:

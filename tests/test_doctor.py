@@ -159,6 +159,19 @@ def test_influxdb_1x_credentials_are_judged_by_an_empty_write(influx_auth, auth,
     assert _stored_series(influx_auth) == []  # the empty write stored nothing
 
 
+def test_a_204_says_whether_the_server_checked_the_credentials(influx_auth, influx_server):
+    checked_endpoint = _influx_v1(influx_auth, NODE)
+    checked = influx_authorisation(checked_endpoint, authorisation_probe(checked_endpoint))
+    assert "checked these credentials" in checked.evidence
+    assert checked.details["unknown_credential_status"] == 401
+    assert checked.evidence.startswith("InfluxDB 1.6.7")
+    influx_server.create_database("telemetry")
+    open_endpoint = _influx_v1(influx_server.url, NODE)  # auth off: anyone may write
+    unchecked = influx_authorisation(open_endpoint, authorisation_probe(open_endpoint))
+    assert unchecked.status is Status.OK
+    assert "checks no credentials" in unchecked.evidence
+
+
 def test_influxdb_1x_missing_credentials_and_wrong_password_are_told_apart(influx_auth):
     missing = influx_authorisation(_influx_v1(influx_auth, None), authorisation_probe(_influx_v1(influx_auth, None)))
     wrong_endpoint = _influx_v1(influx_auth, (NODE[0], "wrong"))
@@ -189,7 +202,9 @@ def test_victoria_metrics_v2_write_is_accepted_and_stores_nothing(victoria_serve
     check = influx_authorisation(endpoint, result)
     assert result.status == 204
     assert check.status is Status.OK
-    assert "does not say whether it checked the credentials" in check.evidence
+    assert "checks no credentials" in check.evidence
+    assert check.details["unknown_credential_status"] == 204
+    assert check.evidence.startswith("the server (answering as InfluxDB 1.8.0)")  # not InfluxDB itself
     victoria_server.flush()
     assert victoria_server.export('{__name__=~".+"}') == []
 
