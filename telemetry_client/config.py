@@ -312,6 +312,11 @@ def influxdb_config(
     else:
         r.ignore("host", "a full URL is given (url / INFLUXDB_URL wins)")
         r.ignore("port", "a full URL is given (url / INFLUXDB_URL wins)")
+    if given_token and (given_user or given_password):
+        raise ConfigurationError(
+            "give either a token (API v2: token / INFLUXDB_TOKEN) or a username and password "
+            "(API v1: INFLUXDB_USERNAME / INFLUXDB_PASSWORD), not both"
+        )
     parsed = urllib.parse.urlsplit(str(base))
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise ConfigurationError(f"InfluxDB URL must look like https://host:8086, got {base!r}")

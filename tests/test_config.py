@@ -62,6 +62,7 @@ def test_nothing_configured_is_off_with_the_variables_named():
         ({"host": "h"}, {}, "INFLUXDB_TOKEN"),
         ({"host": "h", "api_version": 1, "username": "u"}, {}, "both username and password"),
         ({}, {"INFLUXDB_API_VERSION": "3"}, "api_version"),
+        ({"host": "h", "token": "t"}, {"INFLUXDB_USERNAME": "u", "INFLUXDB_PASSWORD": "p"}, "not both"),
         ({}, {"TELEMETRY_STRICT": "1"}, "strict"),
         ({}, {"INFLUXDB_VERIFY_TLS": "perhaps", "INFLUXDB_HOST": "h"}, "verify_tls"),
     ],
