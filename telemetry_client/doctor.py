@@ -137,6 +137,14 @@ def configuration(environ: dict[str, str] | None = None) -> NodeConfig:
                     f"Use https:// in {setting}.",
                 )
             )
+    if influx is not None and "@" in urllib.parse.urlsplit(getattr(influx, "base_url", None) or "").netloc:
+        checks.append(
+            warn(
+                "InfluxDB credentials in the URL",
+                "INFLUXDB_URL carries user:password@, which the client does not send.",
+                "Move them to INFLUXDB_USERNAME/INFLUXDB_PASSWORD (API v1), or use INFLUXDB_TOKEN (API v2).",
+            )
+        )
     if influx is not None and getattr(influx, "enabled", False) and not influx.verify_tls:
         checks.append(
             warn(

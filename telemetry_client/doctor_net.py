@@ -97,6 +97,14 @@ class Probe:
         return ", ".join(f"{step} {ms:.0f} ms" for step, ms in self.steps_ms.items())
 
 
+def shown_url(url: str) -> str:
+    """`url` without any user:password@ it may carry, so that it can be printed."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
 def trust_description(verify: bool, ca_certs: str | None) -> str:
     if not verify:
         return "verification off"
@@ -182,7 +190,7 @@ def probe(
     https = parsed.scheme == "https"
     host = parsed.hostname or ""
     port = parsed.port or (443 if https else 80)
-    result = Probe(url, host, port)
+    result = Probe(shown_url(url), host, port)
     target = (parsed.path or "/") + (f"?{parsed.query}" if parsed.query else "")
 
     start = time.perf_counter()

@@ -40,7 +40,7 @@ import re
 import urllib.parse
 from dataclasses import dataclass, field
 
-from telemetry_client.doctor_net import Probe, probe
+from telemetry_client.doctor_net import Probe, probe, shown_url
 from telemetry_client.doctor_report import Check, Status, fail, ok, warn
 
 # Loki's limits_config defaults: grafana/loki pkg/validation/limits.go (RegisterFlags), Loki 3.x:
@@ -86,7 +86,8 @@ class Endpoint:
             if path.endswith(suffix):
                 path = path[: -len(suffix)]
                 break
-        return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+        netloc = parts.netloc.rpartition("@")[2]  # never show user:password@
+        return urllib.parse.urlunsplit((parts.scheme, netloc, path, "", ""))
 
 
 # ---- one request, several verdicts ---------------------------------------------------
@@ -381,7 +382,7 @@ def loki_authorisation(endpoint: Endpoint, result: Probe) -> Check | None:
     if status == 404:
         return fail(
             name,
-            f"{endpoint.url} answered 404: no Loki push endpoint there.",
+            f"{shown_url(endpoint.url)} answered 404: no Loki push endpoint there.",
             f"Set {endpoint.url_setting} to Loki's base URL (e.g. https://loki.example.org:3100).",
             **details,
         )

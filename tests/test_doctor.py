@@ -898,3 +898,29 @@ def test_certificate_facts_without_cryptography_come_from_ssl(pki, monkeypatch):
     assert tls.status is Status.OK
     assert "127.0.0.1" in tls.details["names"]
     assert tls.details["not_after"]
+
+
+def test_a_password_written_in_the_url_is_never_printed(influx_auth, tmp_path):
+    with_password = influx_auth.replace("http://", f"http://{NODE[0]}:{NODE[1]}@")
+    env = {"INFLUXDB_URL": with_password, "INFLUXDB_API_VERSION": "1", "LOKI_URL": with_password}
+    code, report, output = _doctor(env, home=tmp_path)
+    assert NODE[1] not in output
+    verdicts = _verdicts(report)
+    assert verdicts["InfluxDB credentials in the URL"]["status"] == "WARN"
+    assert "INFLUXDB_USERNAME/INFLUXDB_PASSWORD" in verdicts["InfluxDB credentials in the URL"]["fix"]
+    assert "no credentials were sent" in verdicts["InfluxDB authorisation"]["evidence"]  # as the client sends none
+    assert verdicts["Loki authorisation"]["status"] == "FAIL" and code == 2
+
+
+def test_the_module_entry_point_knows_one_command():
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "telemetry_client", *args]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+
+    assert run("doctor", "--help").returncode == 0
+    unknown = run("diagnose")
+    assert unknown.returncode == 2 and "doctor" in unknown.stderr
+    assert run().returncode == 2
