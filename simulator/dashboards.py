@@ -173,10 +173,10 @@ def variables_of(dashboard: Dashboard) -> dict[str, dict[str, Any]]:
 
 
 def all_selected(dashboard: Dashboard) -> dict[str, VariableValue]:
-    """Every variable at its default: "All" for query variables, empty text boxes."""
+    """Every variable at its default: "All" for query variables, a custom one's current value, empty text boxes."""
     values: dict[str, VariableValue] = {}
     for name, variable in variables_of(dashboard).items():
-        values[name] = None if variable.get("includeAll") else ""
+        values[name] = None if variable.get("includeAll") else (variable.get("current") or {}).get("value", "")
     return values
 
 
@@ -484,11 +484,45 @@ def expand(
     raise ValueError(f"{query.where}: no interpolation for data source {query.datasource_type!r}")
 
 
+_FOLDED = re.compile(r"'((?:[^'\\]|\\.)*)'\s*(=|!=)\s*'((?:[^'\\]|\\.)*)'|\b(\d+)\s*-\s*(\d+)\s*(<=|>)\s*(\d+)\b")
+
+
+def answers(
+    query: Query,
+    time_range: TimeRange,
+    values: Mapping[str, VariableValue] | None = None,
+    *,
+    dashboard: Dashboard | None = None,
+) -> bool:
+    """Whether `query` is its panel's live target for this time range and these variables.
+
+    The dashboards' InfluxQL pairs targets with comparisons of literals once
+    filled in: ${__to} - ${__from} against $raw_up_to_ms (raw data or the
+    downsampled copy) and '${uid:raw}' against '.*' (the fleet or chosen nodes).
+    InfluxDB folds such a comparison, and a false one makes the target answer
+    nothing; this evaluates them the same way.
+    """
+    if query.datasource_type != "influxdb":
+        return True
+    text = expand(query, time_range, values, dashboard=dashboard)
+    for match in _FOLDED.finditer(text):
+        if match.group(2):
+            holds = (match.group(1) == match.group(3)) == (match.group(2) == "=")
+        else:
+            difference, limit = int(match.group(4)) - int(match.group(5)), int(match.group(7))
+            holds = difference <= limit if match.group(6) == "<=" else difference > limit
+        if not holds:
+            return False
+    return True
+
+
 # ---------------------------------------------------------------- references
 
 _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
 _SELECT_LIST = re.compile(r"\bSELECT\s+(.*?)\s+FROM\b", re.IGNORECASE | re.DOTALL)
-_FROM = re.compile(r'\bFROM\s+(\(|"((?:[^"\\]|\\.)*)"|\S+)', re.IGNORECASE)
+_FROM = re.compile(r'\bFROM\s+(\(|(?:"(?:[^"\\]|\\.)*"\.)?"((?:[^"\\]|\\.)*)"|\S+)', re.IGNORECASE)
+_TEMPLATE = re.compile(r"\$\{[^}]*\}|\$\w+|\[\[[^\]]*\]\]")
+_SELECTOR_TAGS = re.compile(r'\b(?:top|bottom)\(\s*"(?:[^"\\]|\\.)*"\s*,((?:\s*"(?:[^"\\]|\\.)*"\s*,)+)', re.IGNORECASE)
 _ALIAS = re.compile(r'\bAS\s+"((?:[^"\\]|\\.)*)"', re.IGNORECASE)
 _COMPARED = re.compile(r'"((?:[^"\\]|\\.)*)"\s*(?:=~|!~|!=|<>|=)')
 _GROUP_BY = re.compile(r'\bGROUP\s+BY\s+((?:time\([^)]*\)|"(?:[^"\\]|\\.)*"|[\s,])+)', re.IGNORECASE)
@@ -519,6 +553,8 @@ _FUNCTIONS = frozenset(
         "round",
         "floor",
         "ceil",
+        "top",
+        "bottom",
         "as",
     }
 )
@@ -555,16 +591,21 @@ def influxql_references(query: str) -> InfluxReferences:
         measurements.add(match.group(2))
     aliases = {m.group(1) for m in _ALIAS.finditer(query)}
     fields: set[str] = set()
+    tags: set[str] = set()
     for match in _SELECT_LIST.finditer(query):
         select_list = match.group(1)
+        # top("field", "tag"[, "tag"...], N): the names after the field are tags.
+        for selector in _SELECTOR_TAGS.finditer(select_list):
+            tags.update(m.group(1) for m in _QUOTED.finditer(selector.group(1)))
+        select_list = _SELECTOR_TAGS.sub(lambda m: m.group(0)[: m.start(1) - m.start(0)], select_list)
         without_aliases = _ALIAS.sub("", select_list)
         fields.update(m.group(1) for m in _QUOTED.finditer(without_aliases))
-        bare = _QUOTED.sub("", without_aliases)
+        bare = _TEMPLATE.sub("", _QUOTED.sub("", without_aliases))
         bare = re.sub(r"\b\d+(?:\.\d+)?[a-z]*\b", "", bare)
         for word in re.findall(r"[A-Za-z_]\w*", bare):
             if word.lower() not in _FUNCTIONS:
                 problems.append(f"unquoted identifier in SELECT: {word!r}")
-    tags = {m.group(1) for m in _COMPARED.finditer(query)}
+    tags.update(m.group(1) for m in _COMPARED.finditer(query))
     for match in _GROUP_BY.finditer(query):
         tags.update(m.group(1) for m in _QUOTED.finditer(match.group(1)))
     show_keys = {m.group(1) for m in _SHOW_KEY.finditer(query)}

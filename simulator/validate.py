@@ -6,7 +6,9 @@ other variable "All") and Grafana's macros over the run's window, then run the
 way Grafana would run it: through Grafana's `/api/ds/query`, or straight at
 InfluxDB (`/query`, InfluxQL) and Loki (`/loki/api/v1/query_range`). A query is
 OK when it returned at least one value, EMPTY when it returned none, ERROR with
-the server's message otherwise, SKIPPED when its data source was not selected.
+the server's message otherwise, SKIPPED when its data source was not selected or
+when another target of its panel is the one that answers (a panel pairs targets
+for raw and downsampled data, and for the fleet and chosen nodes).
 
 Delivery: what the fleet's clients counted as delivered (`sent_by_key`) against
 what the stores hold for the run (scoped by the run's `runtime_id` prefix for
@@ -352,6 +354,8 @@ def check_dashboards(
             else:
                 if runner is None:
                     outcome = Outcome(SKIPPED, f"no {query.datasource_type or 'unknown'} data source selected")
+                elif not dash.answers(query, window, values, dashboard=dashboard):
+                    outcome = Outcome(SKIPPED, "another target of the panel answers for this range and selection")
                 else:
                     outcome = runner.run(query, text, window, interval)
             checks.append(

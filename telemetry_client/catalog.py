@@ -32,6 +32,9 @@ class Field:
     unit: str
     description: str
     kind: str = "float"  # "float" or "string"
+    # How the downsampled copy keeps the field per period (grafana/builder/downsampling.py):
+    # mean, max, min, sum (per-interval growth) or last (cumulative counters).
+    rollup: str = "mean"
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,10 @@ class Measurement:
 def _stats(name: str, unit: str, what: str) -> tuple[Field, ...]:
     """Fields produced when a list of numbers is logged under `name`."""
     return tuple(
-        Field(f"{name}_{stat}", unit, f"{stat} of {what} over the step") for stat in ("mean", "min", "max", "median")
+        Field(
+            f"{name}_{stat}", unit, f"{stat} of {what} over the step", rollup=stat if stat in ("min", "max") else "mean"
+        )
+        for stat in ("mean", "min", "max", "median")
     )
 
 
@@ -79,6 +85,33 @@ DROP_REASONS: tuple[str, ...] = (
     "disabled",  # given to a logger that is off (nothing configured, or enabled=False)
 )
 
+# The client's cumulative counters (per process and sink, from process start).
+# Beside each one the client writes `<counter>_delta`, what it grew by since the
+# previous self-metrics point of the process: a dashboard's rate is then a plain
+# sum of deltas per time bucket, instead of a derivative per process under a
+# second aggregation (which InfluxQL builds once per outer aggregate: slow).
+SELF_COUNTERS: tuple[str, ...] = (
+    "queued",
+    "sent",
+    "batches",
+    "retries",
+    "bytes_sent",
+    "dropped",
+    "truncated",
+    *(f"dropped_{reason}" for reason in DROP_REASONS),
+)
+DELTA_SUFFIX = "_delta"
+
+
+def _deltas(counters: tuple[str, ...]) -> tuple[Field, ...]:
+    return tuple(
+        Field(
+            f"{name}{DELTA_SUFFIX}", "count", f"growth of {name} since the previous point of the process", rollup="sum"
+        )
+        for name in counters
+    )
+
+
 MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement(
         name="training_step",
@@ -90,8 +123,8 @@ MEASUREMENTS: tuple[Measurement, ...] = (
             *_stats("grad_norm", "", "per-parameter-group gradient norms"),
             Field("tokens_per_sec", "tokens/s", "training throughput"),
             Field("batch_tokens", "tokens", "tokens in the step's batch"),
-            Field("window", "", "training window the step belongs to"),
-            Field("global_step", "", "optimiser step counter"),
+            Field("window", "", "training window the step belongs to", rollup="max"),
+            Field("global_step", "", "optimiser step counter", rollup="max"),
         ),
     ),
     Measurement(
@@ -103,8 +136,8 @@ MEASUREMENTS: tuple[Measurement, ...] = (
             Field("loss_after", "", "mean loss after applying the evaluated gradients"),
             Field("improvement", "", "relative loss improvement, (before - after) / before"),
             Field("evaluated_uids", "count", "miners evaluated in the window"),
-            Field("window", "", "window evaluated"),
-            Field("global_step", "", "validator step counter"),
+            Field("window", "", "window evaluated", rollup="max"),
+            Field("global_step", "", "validator step counter", rollup="max"),
         ),
     ),
     Measurement(
@@ -116,7 +149,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
             Field("score", "", "score of the evaluated miner in the window"),
             Field("moving_avg_score", "", "exponential moving average of the score"),
             Field("weight", "", "weight set on chain for the evaluated miner"),
-            Field("window", "", "window evaluated"),
+            Field("window", "", "window evaluated", rollup="max"),
         ),
     ),
     Measurement(
@@ -127,7 +160,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
             Field("gradients_gathered", "count", "gradients merged in the round"),
             Field("gather_success_rate", "ratio", "share of expected peers whose gradient arrived"),
             Field("aggregation_time_s", "s", "time spent merging"),
-            Field("window", "", "window aggregated"),
+            Field("window", "", "window aggregated", rollup="max"),
         ),
     ),
     Measurement(
@@ -138,8 +171,8 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         fields=(
             Field("score", "", "benchmark score (accuracy or normalised metric)"),
             Field("duration_s", "s", "time the benchmark took"),
-            Field("global_step", "", "checkpoint's global step"),
-            Field("window", "", "checkpoint's window"),
+            Field("global_step", "", "checkpoint's global step", rollup="max"),
+            Field("window", "", "checkpoint's window", rollup="max"),
         ),
     ),
     Measurement(
@@ -148,10 +181,10 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         roles=ALL_ROLES,
         fields=(
             Field("active_peers", "count", "peers seen active in the window"),
-            Field("sync_lag_windows", "windows", "how many windows the node is behind"),
-            Field("is_synced", "bool", "1 when the node is in sync, else 0"),
+            Field("sync_lag_windows", "windows", "how many windows the node is behind", rollup="max"),
+            Field("is_synced", "bool", "1 when the node is in sync, else 0", rollup="min"),
             Field("gather_success_rate", "ratio", "share of peers whose gradient was gathered"),
-            Field("window", "", "current window"),
+            Field("window", "", "current window", rollup="max"),
         ),
     ),
     Measurement(
@@ -163,7 +196,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
             Field("gather_time_s", "s", "time to gather peers' gradients"),
             Field("put_time_s", "s", "time to upload the node's gradient"),
             Field("step_time_s", "s", "wall time of the whole step"),
-            Field("window", "", "current window"),
+            Field("window", "", "current window", rollup="max"),
         ),
     ),
     Measurement(
@@ -177,7 +210,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
             Field("memory_total_bytes", "bytes", "memory available (the cgroup limit if lower)"),
             Field("memory_percent", "percent", "memory_used_bytes / memory_total_bytes"),
             Field("process_rss_bytes", "bytes", "resident memory of the logging process"),
-            Field("disk_percent", "percent", "disk in use on the filesystem of the working directory"),
+            Field("disk_percent", "percent", "disk in use on the filesystem of the working directory", rollup="max"),
         ),
     ),
     Measurement(
@@ -190,7 +223,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
             Field("memory_used_bytes", "bytes", "device memory in use (all processes)"),
             Field("memory_total_bytes", "bytes", "device memory"),
             Field("utilization_percent", "percent", "GPU utilisation"),
-            Field("temperature_c", "°C", "GPU temperature"),
+            Field("temperature_c", "°C", "GPU temperature", rollup="max"),
             Field("power_w", "W", "power draw"),
         ),
     ),
@@ -203,7 +236,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         fields=(
             Field("allocated_bytes", "bytes", "memory held by tensors"),
             Field("reserved_bytes", "bytes", "memory cached by the allocator (allocated + free)"),
-            Field("max_allocated_bytes", "bytes", "peak of allocated_bytes"),
+            Field("max_allocated_bytes", "bytes", "peak of allocated_bytes", rollup="max"),
             Field("segments", "count", "allocator segments currently held"),
         ),
     ),
@@ -214,16 +247,20 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         automatic=True,
         tags=("sink",),
         fields=(
-            Field("queued", "count", "records accepted by log()/emit()"),
-            Field("sent", "count", "points or log lines the server accepted"),
-            Field("batches", "count", "requests the server accepted"),
-            Field("retries", "count", "requests retried"),
-            Field("pending", "count", "records buffered, not yet delivered"),
-            Field("pending_bytes", "bytes", "encoded bytes buffered, not yet delivered"),
-            Field("bytes_sent", "bytes", "compressed bytes the server accepted"),
-            Field("dropped", "count", "records dropped, all reasons"),
-            Field("truncated", "count", "log lines shortened to Loki's line limit (delivered, marked)"),
-            *(Field(f"dropped_{reason}", "count", f"records dropped: {reason}") for reason in DROP_REASONS),
+            Field("queued", "count", "records accepted by log()/emit()", rollup="last"),
+            Field("sent", "count", "points or log lines the server accepted", rollup="last"),
+            Field("batches", "count", "requests the server accepted", rollup="last"),
+            Field("retries", "count", "requests retried", rollup="last"),
+            Field("pending", "count", "records buffered, not yet delivered", rollup="max"),
+            Field("pending_bytes", "bytes", "encoded bytes buffered, not yet delivered", rollup="max"),
+            Field("bytes_sent", "bytes", "compressed bytes the server accepted", rollup="last"),
+            Field("dropped", "count", "records dropped, all reasons", rollup="last"),
+            Field("truncated", "count", "log lines shortened to Loki's line limit (delivered, marked)", rollup="last"),
+            *(
+                Field(f"dropped_{reason}", "count", f"records dropped: {reason}", rollup="last")
+                for reason in DROP_REASONS
+            ),
+            *_deltas(SELF_COUNTERS),
         ),
     ),
 )

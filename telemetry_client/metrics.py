@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from telemetry_client import line_protocol as lp
-from telemetry_client.catalog import DROP_REASONS
+from telemetry_client.catalog import DELTA_SUFFIX, DROP_REASONS, SELF_COUNTERS
 from telemetry_client.config import influxdb_config
 from telemetry_client.disabled import Counter, disabled_stats
 from telemetry_client.errors import ConfigurationError
@@ -142,6 +142,7 @@ class InfluxSink:
         self._system: SystemSampler | None = None
         self._gpu: GpuSampler | None = None
         self._last_self_metrics = time.monotonic()
+        self._previous_counters: dict[Channel, dict[str, float]] = {}  # counters of the last self-metrics point
 
     # -- encoding (sender thread) --
 
@@ -252,7 +253,12 @@ class InfluxSink:
         return Verdict(refused={"rejected": len(refused)}, resend=kept)
 
     def on_idle(self, now: float) -> None:
-        """Write the watched channels' counters as `telemetry_client` points, once per interval."""
+        """Write the watched channels' counters as `telemetry_client` points, once per interval.
+
+        Each counter goes with its growth since this process's previous point
+        (`<counter>_delta`), so dashboards add deltas up instead of deriving a rate
+        per process under a second aggregation.
+        """
         interval = self.self_metrics_interval
         if not interval or now - self._last_self_metrics < interval:
             return
@@ -268,6 +274,11 @@ class InfluxSink:
                 fields[f"dropped_{reason}"] = float(stats["dropped_by_reason"].get(reason, 0))
             if "truncated" in stats:
                 fields["truncated"] = float(stats["truncated"])
+            previous = self._previous_counters.setdefault(channel, {})
+            for name in SELF_COUNTERS:
+                if name in fields:
+                    fields[name + DELTA_SUFFIX] = fields[name] - previous.get(name, 0.0)
+                    previous[name] = fields[name]
             self.submit((SELF_METRICS_MEASUREMENT, {"sink": stats["sink"]}, fields, ts, False, False))
 
 

@@ -9,14 +9,16 @@ every catalog measurement. The interpolation rules themselves are tested first.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from servers import InfluxV1
 
+from grafana.builder import downsampling
 from simulator import dashboards as dash
-from telemetry_client.catalog import CATALOG, MEASUREMENTS, STANDARD_TAGS
+from telemetry_client.catalog import CATALOG, DELTA_SUFFIX, MEASUREMENTS, STANDARD_TAGS
 from telemetry_client.metrics import MetricsLogger
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
@@ -132,6 +134,8 @@ def _extra_tag_sets(measurement: str) -> list[dict[str, str]]:
 
 def _field_value(name: str, step: int, rng: random.Random) -> float:
     """A realistic float for `name` at the `step`-th sample (counters only grow)."""
+    delta = name.endswith(DELTA_SUFFIX)
+    name = name.removesuffix(DELTA_SUFFIX)
     if name in ("queued", "sent", "batches", "bytes_sent", "retries", "dropped") or name.startswith("dropped_"):
         per_step = {
             "queued": 50.0,
@@ -141,6 +145,8 @@ def _field_value(name: str, step: int, rng: random.Random) -> float:
             "retries": 0.2,
             "dropped": 0.3,
         }.get(name, 0.03)
+        if delta:  # the growth since the previous point, as the client writes it
+            return per_step
         return round(per_step * step + rng.random(), 3)
     table = {
         "loss": 3.2 - step * 0.004 + rng.uniform(-0.05, 0.05),
@@ -181,7 +187,7 @@ def _field_value(name: str, step: int, rng: random.Random) -> float:
         "max_allocated_bytes": 7e10,
         "segments": float(rng.randint(100, 400)),
         "pending": float(rng.randint(0, 500)),
-        "truncated": float(step // 5),
+        "truncated": 0.2 if delta else float(step // 5),
         "pending_bytes": float(rng.randint(0, 1_000_000)),
     }
     if name in table:
@@ -248,8 +254,16 @@ def telemetry_db(influx_server: InfluxV1) -> Iterator[tuple[InfluxV1, str]]:
     """A database named like the stack's bucket, holding every catalog measurement."""
     database = "telemetry_dash"
     influx_server.create_database(database)
+    for statement in downsampling.influxql_setup(database):
+        result = influx_server.query(statement)["results"][0]
+        assert "error" not in result, f"{result['error']}\n{statement}"
     sent = write_with_metrics_logger(influx_server.url, database, catalog_points(NOW, timedelta(minutes=30)))
     assert sent == sum(1 for _ in catalog_points(NOW, timedelta(minutes=30)))
+    # What the continuous queries would have written by now, for the long-range targets.
+    start_ms = int((NOW - timedelta(hours=1)).timestamp() * 1000)
+    for statement in downsampling.influxql_backfill(database, start_ms, RANGE.end_ms + 1):
+        result = influx_server.query(statement, database)["results"][0]
+        assert "error" not in result, f"{result['error']}\n{statement}"
     yield influx_server, database
     influx_server.query(f'DROP DATABASE "{database}"')
 
@@ -283,13 +297,53 @@ def test_every_catalog_measurement_is_written(telemetry_db: tuple[InfluxV1, str]
     assert names == set(CATALOG)
 
 
+# Two days: a range that reads the downsampled copy; its interval is Grafana's auto one.
+LONG_RANGE = dash.TimeRange(NOW - timedelta(days=2), NOW)
+NODE_VIEW = re.compile(r"'\$\{(\w+):raw\}' != '\.\*'")
+CHOSEN = {"uid": [node[0] for node in NODES], "eval_uid": list(MINERS)}
+
+
+def when_it_answers(query: dash.Query, dashboard: dict) -> tuple[dash.TimeRange, dict, timedelta | None]:
+    """The time range and variables under which `query` is the panel's live target.
+
+    A "-long" target reads the downsampled copy for ranges over a day; a per-node
+    target answers when nodes are chosen (here: every node, by name) rather than "All".
+    """
+    values = dash.all_selected(dashboard)
+    for variable in NODE_VIEW.findall(query.text):
+        values[variable] = CHOSEN[variable]
+    if query.ref_id.endswith("-long"):
+        return LONG_RANGE, values, None
+    return RANGE, values, INTERVAL
+
+
 @pytest.mark.parametrize("query", INFLUX_QUERIES, ids=lambda q: q.where)
-def test_query_returns_data_with_all_selected(telemetry_db: tuple[InfluxV1, str], query: dash.Query) -> None:
+def test_query_returns_data_when_it_is_the_live_target(telemetry_db: tuple[InfluxV1, str], query: dash.Query) -> None:
     server, database = telemetry_db
     dashboard = BY_UID[query.dashboard_uid]
-    text = dash.expand(query, RANGE, dash.all_selected(dashboard), dashboard=dashboard, interval=INTERVAL)
+    time_range, values, interval = when_it_answers(query, dashboard)
+    text = dash.expand(query, time_range, values, dashboard=dashboard, interval=interval)
     series = run(server, database, text)
     assert has_values(series), f"no data for {query.where}:\n{text}"
+
+
+@pytest.mark.parametrize("query", [q for q in INFLUX_QUERIES if q.source == "panel"], ids=lambda q: q.where)
+def test_query_is_silent_when_its_twin_answers(telemetry_db: tuple[InfluxV1, str], query: dash.Query) -> None:
+    """A raw target is empty over a long range (and its long twin over a short one); a fleet
+    target is empty with nodes chosen, a per-node one with "All"."""
+    server, database = telemetry_db
+    dashboard = BY_UID[query.dashboard_uid]
+    time_range, values, interval = when_it_answers(query, dashboard)
+    other_range = RANGE if time_range is LONG_RANGE else LONG_RANGE
+    text = dash.expand(query, other_range, values, dashboard=dashboard, interval=interval)
+    assert not has_values(run(server, database, text)), f"{query.where} answers outside its range:\n{text}"
+    views = re.findall(r"'\$\{(\w+):raw\}' (?:!=|=) '\.\*'", query.text)
+    if views:
+        flipped = dict(values)
+        for variable in views:
+            flipped[variable] = None if isinstance(values[variable], list) else CHOSEN[variable]
+        text = dash.expand(query, time_range, flipped, dashboard=dashboard, interval=interval)
+        assert not has_values(run(server, database, text)), f"{query.where} answers in the other view:\n{text}"
 
 
 @pytest.mark.parametrize("query", [q for q in INFLUX_QUERIES if "$network" in q.text], ids=lambda q: q.where)
@@ -297,11 +351,12 @@ def test_query_follows_the_network_variable(telemetry_db: tuple[InfluxV1, str], 
     """Choosing a network narrows the data; a network without nodes empties it."""
     server, database = telemetry_db
     dashboard = BY_UID[query.dashboard_uid]
-    chosen = dash.all_selected(dashboard) | {"network": ["finney"]}
-    series = run(server, database, dash.expand(query, RANGE, chosen, dashboard=dashboard, interval=INTERVAL))
+    time_range, values, interval = when_it_answers(query, dashboard)
+    chosen = values | {"network": ["finney"]}
+    series = run(server, database, dash.expand(query, time_range, chosen, dashboard=dashboard, interval=interval))
     assert has_values(series), f"no data for network finney: {query.where}"
-    nobody = dash.all_selected(dashboard) | {"network": ["nowhere"]}
-    empty = run(server, database, dash.expand(query, RANGE, nobody, dashboard=dashboard, interval=INTERVAL))
+    nobody = values | {"network": ["nowhere"]}
+    empty = run(server, database, dash.expand(query, time_range, nobody, dashboard=dashboard, interval=interval))
     assert not has_values(empty), f"{query.where} ignores $network"
 
 
@@ -345,9 +400,72 @@ def test_counter_rates_are_per_second_and_survive_the_sum(telemetry_db: tuple[In
         assert value == pytest.approx(4.9 * processes, rel=0.05)
 
 
+def test_counter_rates_read_the_same_from_the_downsampled_copy(telemetry_db: tuple[InfluxV1, str]) -> None:
+    """Over a long range the panel sums the copy's 5-minute sums of deltas: the same rate."""
+    server, database = telemetry_db
+    dashboard = BY_UID["telemetry-health"]
+    query = next(
+        q
+        for q in dash.panel_queries(dashboard, DATASOURCES)
+        if q.name == "Records sent per second" and q.ref_id.endswith("-long")
+    )
+    chosen = dash.all_selected(dashboard) | {"sink": "influxdb"}
+    text = dash.expand(query, LONG_RANGE, chosen, dashboard=dashboard, interval=timedelta(minutes=5))
+    values = [row[1] for one in run(server, database, text) for row in one["values"][1:-1] if row[1] is not None]
+    assert len(values) >= 4, text
+    for value in values:
+        assert value == pytest.approx(4.9 * len(NODES), rel=0.05)
+
+
+def test_fleet_panels_are_a_few_series_and_chosen_nodes_one_line_each(telemetry_db: tuple[InfluxV1, str]) -> None:
+    server, database = telemetry_db
+    dashboard = BY_UID["telemetry-system"]
+    targets = {q.ref_id: q for q in dash.panel_queries(dashboard, DATASOURCES) if q.name == "CPU"}
+    everything = dash.all_selected(dashboard)
+    fleet = run(server, database, dash.expand(targets["A"], RANGE, everything, dashboard=dashboard, interval=INTERVAL))
+    assert [s["columns"] for s in fleet] == [["time", "median", "p90", "max"]]
+    two = everything | {"uid": ["1", "10"]}
+    nodes = run(server, database, dash.expand(targets["B"], RANGE, two, dashboard=dashboard, interval=INTERVAL))
+    assert sorted(s["tags"]["uid"] for s in nodes) == ["1", "10"]
+
+
+def test_worst_nodes_tables_name_the_worst_few(telemetry_db: tuple[InfluxV1, str]) -> None:
+    server, database = telemetry_db
+    dashboard = BY_UID["telemetry-training"]
+    query = next(
+        q for q in dash.panel_queries(dashboard, DATASOURCES) if q.name == "Slowest miners" and q.ref_id == "A"
+    )
+    text = dash.expand(query, RANGE, dash.all_selected(dashboard), dashboard=dashboard, interval=INTERVAL)
+    rows = server.rows(text, database)
+    every = server.rows(
+        f'SELECT mean("tokens_per_sec") AS "tps" FROM "training_step" '
+        f'WHERE time >= {RANGE.start_ms}ms AND time <= {RANGE.end_ms}ms GROUP BY "uid"',
+        database,
+    )
+    assert len(rows) == min(5, len(MINERS))
+    assert {r["uid"] for r in rows} == {r["uid"] for r in sorted(every, key=lambda r: r["tps"])[:5]}
+
+
 def test_catalog_points_cover_every_field() -> None:
     seen: dict[str, set[str]] = {}
     for _, measurement, _, fields, _ in catalog_points(NOW, timedelta(seconds=10)):
         seen.setdefault(measurement, set()).update(fields)
     assert {m: set(CATALOG[m].field_names) for m in seen} == seen
     assert set(seen) == set(CATALOG)
+
+
+def test_answers_names_the_live_target_of_a_panel() -> None:
+    """The simulator skips the twin that is silent by design; this is how it tells them apart."""
+    system = BY_UID["telemetry-system"]
+    cpu = {q.ref_id: q for q in dash.panel_queries(system, DATASOURCES) if q.name == "CPU"}
+    assert set(cpu) == {"A", "A-long", "B", "B-long"}
+
+    def live(time_range: dash.TimeRange, values: dict) -> list[str]:
+        return sorted(ref for ref, q in cpu.items() if dash.answers(q, time_range, values, dashboard=system))
+
+    everything = dash.all_selected(system)
+    assert live(RANGE, everything) == ["A"]
+    assert live(LONG_RANGE, everything) == ["A-long"]
+    assert live(RANGE, everything | {"uid": ["1", "2"]}) == ["B"]
+    assert live(LONG_RANGE, everything | {"uid": "1"}) == ["B-long"]
+    assert live(LONG_RANGE, everything | {"raw_up_to_ms": str(2**53 - 1)}) == ["A"]

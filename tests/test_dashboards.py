@@ -98,6 +98,12 @@ def test_dashboards_are_the_six_expected_ones() -> None:
     }
 
 
+def test_committed_downsampling_setup_is_what_the_builder_generates() -> None:
+    builder = _builder()
+    for path, text in builder.render_all(GRAFANA / "dashboards", GRAFANA / "downsampling").items():
+        assert path.read_text(encoding="utf-8") == text, f"{path} is stale: run python grafana/build_dashboards.py"
+
+
 def test_committed_json_is_what_the_builder_generates() -> None:
     rendered = _builder().render()
     on_disk = {p.name: p.read_text(encoding="utf-8") for p in (GRAFANA / "dashboards").glob("*.json")}
@@ -108,10 +114,14 @@ def test_committed_json_is_what_the_builder_generates() -> None:
 
 def test_builder_check_mode_reports_a_stale_file(tmp_path: Path) -> None:
     builder = _builder()
-    assert builder.main(["--out", str(tmp_path)]) == 0
-    assert builder.main(["--check", "--out", str(tmp_path)]) == 0
-    (tmp_path / "logs.json").write_text("{}")
-    assert builder.main(["--check", "--out", str(tmp_path)]) == 1
+    out = ["--out", str(tmp_path / "dashboards"), "--downsampling-out", str(tmp_path / "downsampling")]
+    assert builder.main(out) == 0
+    assert builder.main(["--check", *out]) == 0
+    (tmp_path / "dashboards/logs.json").write_text("{}")
+    assert builder.main(["--check", *out]) == 1
+    assert builder.main(out) == 0
+    (tmp_path / "downsampling/tasks/system.flux").write_text("")
+    assert builder.main(["--check", *out]) == 1
 
 
 def test_builder_knows_every_drop_reason_of_the_catalog() -> None:
@@ -256,7 +266,14 @@ def test_dashboards_cover_what_operators_asked_for() -> None:
             "reserved_bytes",
             "utilization_percent",
         },
-        "telemetry-health": {"queued", "sent", "retries", "pending", *(f"dropped_{reason}" for reason in DROP_REASONS)},
+        # Rates read the per-interval growth the client writes beside each counter.
+        "telemetry-health": {
+            "queued_delta",
+            "sent_delta",
+            "retries_delta",
+            "pending",
+            *(f"dropped_{reason}_delta" for reason in DROP_REASONS),
+        },
     }
     for uid, fields in wanted.items():
         named: set[str] = set()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -213,6 +215,42 @@ def test_system_metrics_are_their_own_measurement(server):
     assert len(system) == 2, "the first sample only primes the CPU counter"
     assert b"cpu_percent=" in system[0] and b"memory_total_bytes=" in system[0]
     assert not any(line.startswith(b"gpu") for line in server.lines), "no GPU here: no GPU points"
+
+
+def _own_points(server, uid: int, count: int) -> list[dict[str, float]]:
+    """Fields of this logger's first `count` influxdb self-metrics points, waiting for them."""
+    prefix = f"telemetry_client,sink=influxdb,uid={uid} ".encode()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        own = [line for line in server.wait_for_lines(1, timeout=1) if line.startswith(prefix)]
+        if len(own) >= count:
+            break
+        time.sleep(0.05)
+    points = []
+    for line in own[:count]:
+        field_set = line.decode().split(" ")[1]
+        points.append({k: float(v.rstrip("i")) for k, v in (pair.split("=") for pair in field_set.split(","))})
+    return points
+
+
+def test_self_metrics_carry_the_growth_since_the_previous_point(server):
+    """`<counter>_delta` is what the counter grew by since the process's previous point."""
+    logger = _logger(server.url, uid=8, self_metrics_interval=0.2)
+    for _ in range(3):
+        logger.log("m", fields={"y": 1})
+    first = _own_points(server, 8, 1)[0]
+    for _ in range(2):
+        logger.log("m", fields={"y": 1})
+    logger.log("m", fields={"y": float("nan")})
+    points = _own_points(server, 8, 4)
+    logger.close(1)
+    assert first["queued_delta"] == first["queued"] >= 3
+    for before, after in itertools.pairwise(points):
+        for name in ("queued", "sent", "batches", "bytes_sent", "dropped", "dropped_non_finite"):
+            assert after[f"{name}_delta"] == after[name] - before[name], (name, before, after)
+    # The deltas add up to the cumulative count (which includes earlier self-metrics points).
+    assert sum(p["queued_delta"] for p in points) == points[-1]["queued"] >= 6
+    assert sum(p["dropped_non_finite_delta"] for p in points) == 1
 
 
 def test_self_metrics_are_written(server):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from grafana.builder.targets import LOKI, Json
+from grafana.builder.queries import by_time_range
+from grafana.builder.targets import INFLUX, LOKI, Json
+from grafana.builder.variables import raw_range_variable
 
 SCHEMA_VERSION = 41
 
@@ -54,12 +56,17 @@ class Layout:
         defaults: Json = {"unit": unit}
         if decimals is not None:
             defaults["decimals"] = decimals
+        targets = [
+            twin
+            for target in targets
+            for twin in (by_time_range(target) if target["datasource"] == INFLUX else [target])
+        ]
         panel: Json = {
             "type": kind,
             "title": title,
             "description": description,
             "datasource": datasource,
-            "targets": list(targets),
+            "targets": targets,
             "fieldConfig": {"defaults": defaults, "overrides": []},
             "options": options or {},
         }
@@ -90,6 +97,12 @@ class Layout:
         self.add("logs", title, description, LOKI, [target], width=24, height=height, options=options)
 
 
+def _range_variables(layout: Layout) -> list[Json]:
+    """The $raw_up_to_ms variable, on a dashboard whose panels read it (every InfluxQL one)."""
+    uses = any("$raw_up_to_ms" in t.get("query", "") for p in layout.panels for t in p.get("targets", []))
+    return [raw_range_variable()] if uses else []
+
+
 def dashboard(
     uid: str, title: str, description: str, tags: Sequence[str], variables: list[Json], layout: Layout
 ) -> Json:
@@ -116,6 +129,6 @@ def dashboard(
                 "keepTime": True,
             }
         ],
-        "templating": {"list": variables},
+        "templating": {"list": variables + _range_variables(layout)},
         "panels": layout.panels,
     }

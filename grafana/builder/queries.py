@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from grafana.builder.targets import Json, influx_target
+from telemetry_client.catalog import DELTA_SUFFIX
 from telemetry_client.catalog import DROP_REASONS as _CATALOG_DROP_REASONS
 
 # Every reason the client drops data for: one series each on Telemetry health.
@@ -19,6 +20,49 @@ DROP_REASONS: tuple[str, ...] = tuple(_CATALOG_DROP_REASONS)
 # The filter every InfluxQL panel applies: one regex per template variable, so the
 # same query works for one value, several values and "All" (allValue ".*").
 NODE_FILTER = '"network" =~ /^$network$/ AND "role" =~ /^$role$/ AND "uid" =~ /^$uid$/ AND "version" =~ /^$version$/'
+
+
+# Fleet or nodes. With the uid variable at "All", Grafana inserts its custom
+# allValue ".*" unformatted for ${uid:raw}; with one node or a handful chosen it
+# inserts their uids. A panel carries a fleet target (a distribution: a few
+# series whatever the fleet's size) and a per-node target, and InfluxQL folds the
+# comparison of two literals, so the target not wanted answers at once with nothing.
+def fleet_view(variable: str = "uid") -> str:
+    """True when `variable` is at "All"."""
+    return f"'${{{variable}:raw}}' = '.*'"
+
+
+def node_view(variable: str = "uid") -> str:
+    """True when one value or a handful are chosen in `variable`."""
+    return f"'${{{variable}:raw}}' != '.*'"
+
+
+# Time ranges longer than a day read the downsampled copy (retention policy
+# DOWNSAMPLED_RP, written as grafana/builder/downsampling.py says): the same fields at one
+# point per DOWNSAMPLE_EVERY. Every InfluxQL target goes twice into its panel, one
+# reading the raw data for ranges up to LONG_RANGE_MS, one the copy beyond; the
+# comparison of Grafana's $__from/$__to (epoch ms) is folded by InfluxQL, so the
+# target not wanted answers at once with nothing.
+# The limit is the dashboard variable $raw_up_to_ms (variables.raw_range_variable),
+# one day by default; "always" keeps every range on the raw data, for a server
+# without the copy (InfluxDB 3.x) or to see every point of a long range.
+LONG_RANGE_MS = 86_400_000
+ALWAYS_RAW_MS = 2**53 - 1  # larger than any range in epoch milliseconds
+DOWNSAMPLED_RP = "downsampled"
+DOWNSAMPLE_EVERY = "5m"
+RAW_RANGE = "${__to} - ${__from} <= $raw_up_to_ms"
+LONG_RANGE = "${__to} - ${__from} > $raw_up_to_ms"
+
+
+def by_time_range(target: Json) -> list[Json]:
+    """`target` on the raw data for short ranges, and its twin on the downsampled copy for long ones."""
+    query = target["query"]
+    raw = dict(target, query=query.replace("$timeFilter", f"$timeFilter AND {RAW_RANGE}"))
+    long_query = query.replace("$timeFilter", f"$timeFilter AND {LONG_RANGE}").replace(
+        'FROM "', f'FROM "{DOWNSAMPLED_RP}"."'
+    )
+    long = dict(target, refId=f"{target['refId']}-long", query=long_query)
+    return [raw, long]
 
 
 def influx_select(
@@ -53,6 +97,79 @@ def influx_sum_over_nodes(
     return f"SELECT {outer_fields} FROM ({inner}) WHERE $timeFilter GROUP BY {group} fill(none)"
 
 
+def _where(*conditions: str) -> str:
+    return " AND ".join(c for c in conditions if c)
+
+
+def fleet_stats(field: str, *, lowest_is_worst: bool = False) -> str:
+    """Median, the tenth worst share and the worst value of `field` across the samples of an interval.
+
+    Every node of a role samples at the same rate, so the samples' spread is the
+    nodes' spread; and it reads the points once, with no per-node subquery.
+    """
+    if lowest_is_worst:
+        return f'median("{field}") AS "median", percentile("{field}", 10) AS "p10", min("{field}") AS "min"'
+    return f'median("{field}") AS "median", percentile("{field}", 90) AS "p90", max("{field}") AS "max"'
+
+
+def fleet_and_nodes(
+    field: str,
+    measurement: str,
+    *,
+    node_agg: str = "mean",
+    lowest_is_worst: bool = False,
+    by: Sequence[str] = (),
+    node_by: Sequence[str] = ("uid",),
+    node_alias: str = "$tag_uid",
+    extra_where: str = "",
+    prefix: str = "",
+    variable: str = "uid",
+    refs: tuple[str, str] = ("A", "B"),
+) -> list[Json]:
+    """The fleet as a distribution when every node is selected; one line per node when a few are.
+
+    Two targets: A (median, p90 and max, or p10 and min when low is bad) over all
+    the selected nodes' samples, and B (`node_agg` per node) when nodes are chosen
+    in `variable` (uid, or eval_uid for the miners validators score).
+    """
+    tags = "".join(f" $tag_{tag}" for tag in by)
+    fleet = influx_select(
+        fleet_stats(field, lowest_is_worst=lowest_is_worst),
+        measurement,
+        by=by,
+        extra_where=_where(extra_where, fleet_view(variable)),
+    )
+    nodes = influx_select(
+        f'{node_agg}("{field}")', measurement, by=(*node_by, *by), extra_where=_where(extra_where, node_view(variable))
+    )
+    return [
+        influx_target(refs[0], fleet, f"{prefix}$col{tags}"),
+        influx_target(refs[1], nodes, f"{prefix}{node_alias}{tags}"),
+    ]
+
+
+def worst_nodes(
+    field: str,
+    measurement: str,
+    *,
+    count: int = 5,
+    lowest_is_worst: bool = False,
+    agg: str = "mean",
+    tag: str = "uid",
+    extra_where: str = "",
+) -> str:
+    """The `count` nodes (by `tag`) with the highest, or lowest, `agg` of `field` over the time range.
+
+    One row per node inside, then TOP/BOTTOM keeps the few, named: a short table
+    whatever the fleet's size.
+    """
+    inner = influx_select(
+        f'{agg}("{field}") AS "{field}"', measurement, by=(tag,), extra_where=extra_where, per_interval=False
+    )
+    selector = "bottom" if lowest_is_worst else "top"
+    return f'SELECT {selector}("{field}", "{tag}", {count}) AS "{field}" FROM ({inner})'
+
+
 def fleet_tokens_per_sec_target() -> Json:
     """The selected miners' throughput added up (one mean per miner first, then the sum)."""
     return influx_target(
@@ -68,22 +185,17 @@ def fleet_tokens_per_sec_target() -> Json:
 
 
 def counter_rates(fields: dict[str, str]) -> str:
-    """Per-second rates of the client's cumulative counters, summed per sink.
+    """Per-second rates of the client's counters, summed per sink.
 
-    The counters count up from process start, so the rate is taken per process
-    (uid, runtime_id, sink) with non_negative_derivative, which also ignores the
-    reset to zero when a node restarts, and only then added up per sink.
+    The client writes `<counter>_delta` beside each cumulative counter: what it
+    grew by since the process's previous point (restarts included). The rate of an
+    interval is then the plain sum of the deltas divided by the interval's length,
+    with no derivative per process under a second aggregation.
     """
-    inner = ", ".join(f'non_negative_derivative(last("{field}"), 1s) AS "{alias}"' for alias, field in fields.items())
-    outer = ", ".join(f'sum("{alias}") AS "{alias}"' for alias in fields)
-    return influx_sum_over_nodes(
-        inner,
-        outer,
-        "telemetry_client",
-        inner_by=("uid", "runtime_id", "sink"),
-        outer_by=("sink",),
-        extra_where='"sink" =~ /^$sink$/',
+    rates = ", ".join(
+        f'sum("{field}{DELTA_SUFFIX}") * 1000 / $__interval_ms AS "{alias}"' for alias, field in fields.items()
     )
+    return influx_select(rates, "telemetry_client", by=("sink",), extra_where='"sink" =~ /^$sink$/')
 
 
 def loki_selector(*extra: str, level: bool = True) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from grafana.builder.queries import ALWAYS_RAW_MS, LONG_RANGE_MS
 from grafana.builder.targets import INFLUX, LOKI, Json
 
 
@@ -71,4 +72,24 @@ def textbox_variable(name: str, label: str) -> Json:
         "hide": 0,
         "current": {"selected": False, "text": "", "value": ""},
         "options": [],
+    }
+
+
+def raw_range_variable() -> Json:
+    """Up to which time range panels read the raw data; longer ranges read the downsampled copy.
+
+    "always" is for a server without the copy (InfluxDB 3.x) or for every point of
+    a long range, at the cost of a slower dashboard.
+    """
+    options = [("1 day", str(LONG_RANGE_MS)), ("always", str(ALWAYS_RAW_MS))]
+    return {
+        "name": "raw_up_to_ms",
+        "label": "Raw data up to",
+        "type": "custom",
+        "query": ", ".join(f"{text} : {value}" for text, value in options),
+        "includeAll": False,
+        "multi": False,
+        "hide": 0,
+        "current": {"selected": True, "text": options[0][0], "value": options[0][1]},
+        "options": [{"selected": i == 0, "text": text, "value": value} for i, (text, value) in enumerate(options)],
     }

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from grafana.builder.panels import Layout, dashboard
-from grafana.builder.queries import (
-    fleet_tokens_per_sec_target,
-    influx_select,
-)
+from grafana.builder.queries import fleet_and_nodes, fleet_tokens_per_sec_target, influx_select, worst_nodes
 from grafana.builder.targets import Json, influx_target
 from grafana.builder.variables import node_variables
+
+FLEET = "With every node selected: median, p90 and maximum across the nodes; a few chosen in UID: one line each."
+FLEET_LOW = "With every node selected: median, p10 and minimum across the nodes; a few chosen in UID: one line each."
 
 
 def build() -> Json:
@@ -16,39 +16,49 @@ def build() -> Json:
     ly.row("Peers and sync")
     ly.timeseries(
         "Active peers",
-        "Peers each node saw active in the window.",
-        influx_target("A", influx_select('mean("active_peers")', "network_status"), "$tag_uid"),
+        f"Peers the nodes saw active in the window. {FLEET_LOW}",
+        *fleet_and_nodes("active_peers", "network_status", lowest_is_worst=True),
     )
     ly.timeseries(
         "In sync",
-        "1 when the node is in sync, 0 when it is not (lowest value of the interval).",
-        influx_target("A", influx_select('min("is_synced")', "network_status"), "$tag_uid"),
+        f"1 when a node is in sync, 0 when it is not: a minimum of 0 means some node is out of sync. {FLEET_LOW}",
+        *fleet_and_nodes("is_synced", "network_status", node_agg="min", lowest_is_worst=True),
         unit="bool_yes_no",
     )
     ly.timeseries(
         "Sync lag",
-        "How many windows each node is behind.",
-        influx_target("A", influx_select('max("sync_lag_windows")', "network_status"), "$tag_uid"),
+        f"How many windows the nodes are behind. {FLEET}",
+        *fleet_and_nodes("sync_lag_windows", "network_status", node_agg="max"),
     )
     ly.timeseries(
         "Gather success rate",
-        "Share of peers whose gradient arrived, per node and for the aggregator.",
-        influx_target("A", influx_select('mean("gather_success_rate")', "network_status"), "$tag_uid"),
-        influx_target("B", influx_select('mean("gather_success_rate")', "aggregator_step"), "aggregator $tag_uid"),
+        f"Share of peers whose gradient arrived, for the nodes and the aggregator. {FLEET_LOW}",
+        *fleet_and_nodes("gather_success_rate", "network_status", lowest_is_worst=True),
+        influx_target("C", influx_select('mean("gather_success_rate")', "aggregator_step"), "aggregator $tag_uid"),
         unit="percentunit",
+    )
+    ly.table(
+        "Furthest behind",
+        "The five nodes with the largest sync lag (windows) in the time range.",
+        influx_target("A", worst_nodes("sync_lag_windows", "network_status", agg="max"), table=True),
+    )
+    ly.table(
+        "Lowest gather success",
+        "The five nodes whose peers' gradients arrived least often over the time range.",
+        influx_target("A", worst_nodes("gather_success_rate", "network_status", lowest_is_worst=True), table=True),
     )
     ly.row("Gradient exchange")
     ly.timeseries(
         "Gradient compression ratio",
-        "Raw gradient bytes divided by compressed bytes.",
-        influx_target("A", influx_select('mean("compression_ratio")', "performance"), "$tag_uid"),
+        f"Raw gradient bytes divided by compressed bytes. {FLEET_LOW}",
+        *fleet_and_nodes("compression_ratio", "performance", lowest_is_worst=True),
     )
     ly.timeseries(
         "Step timings",
-        "Time to gather peers' gradients, to upload the node's own, and the whole step.",
-        influx_target("A", influx_select('mean("gather_time_s")', "performance"), "gather $tag_uid"),
-        influx_target("B", influx_select('mean("put_time_s")', "performance"), "put $tag_uid"),
-        influx_target("C", influx_select('mean("step_time_s")', "performance"), "step $tag_uid"),
+        f"Time to gather peers' gradients, to upload the node's own, and the whole step. {FLEET}",
+        *fleet_and_nodes("gather_time_s", "performance", prefix="gather ", refs=("A", "B")),
+        *fleet_and_nodes("put_time_s", "performance", prefix="put ", refs=("C", "D")),
+        *fleet_and_nodes("step_time_s", "performance", prefix="step ", refs=("E", "F")),
         unit="s",
     )
     ly.timeseries(

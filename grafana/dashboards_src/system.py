@@ -3,104 +3,105 @@
 from __future__ import annotations
 
 from grafana.builder.panels import Layout, dashboard
-from grafana.builder.queries import (
-    influx_select,
-)
+from grafana.builder.queries import fleet_and_nodes, worst_nodes
 from grafana.builder.targets import Json, influx_target
 from grafana.builder.variables import node_variables
+
+FLEET = "With every node selected: median, p90 and maximum across the nodes; a few chosen in UID: one line each."
+FLEET_GPU = (
+    "With every node selected: median, p90 and maximum across the devices; with a few nodes chosen in UID: "
+    "one line per device."
+)
+GPU = {"by": (), "node_by": ("uid", "gpu_index"), "node_alias": "$tag_uid gpu$tag_gpu_index"}
 
 
 def build() -> Json:
     ly = Layout()
     ly.row("Host")
     ly.timeseries(
-        "CPU",
-        "CPU use of each node's host.",
-        influx_target("A", influx_select('mean("cpu_percent")', "system"), "$tag_uid"),
-        unit="percent",
+        "CPU", f"CPU use of the nodes' hosts. {FLEET}", *fleet_and_nodes("cpu_percent", "system"), unit="percent"
     )
     ly.timeseries(
         "Memory",
-        "Memory in use as a share of the memory available (the cgroup limit if lower).",
-        influx_target("A", influx_select('mean("memory_percent")', "system"), "$tag_uid"),
+        f"Memory in use as a share of the memory available (the cgroup limit if lower). {FLEET}",
+        *fleet_and_nodes("memory_percent", "system"),
         unit="percent",
     )
     ly.timeseries(
         "Process resident memory",
-        "Resident memory of the process that logs.",
-        influx_target("A", influx_select('mean("process_rss_bytes")', "system"), "$tag_uid"),
+        f"Resident memory of the process that logs. {FLEET}",
+        *fleet_and_nodes("process_rss_bytes", "system"),
         unit="bytes",
     )
     ly.timeseries(
         "Host memory used",
-        "Bytes in use and available on each host.",
-        influx_target("A", influx_select('mean("memory_used_bytes")', "system"), "used $tag_uid"),
-        influx_target("B", influx_select('mean("memory_total_bytes")', "system"), "total $tag_uid"),
+        f"Bytes in use and available on the hosts. {FLEET}",
+        *fleet_and_nodes("memory_used_bytes", "system", prefix="used ", refs=("A", "B")),
+        *fleet_and_nodes("memory_total_bytes", "system", prefix="total ", refs=("C", "D")),
         unit="bytes",
     )
     ly.timeseries(
         "Disk",
-        "Disk in use on the filesystem of each node's working directory (checkpoints, caches).",
-        influx_target("A", influx_select('max("disk_percent")', "system"), "$tag_uid"),
+        f"Disk in use on the filesystem of the nodes' working directory (checkpoints, caches). {FLEET}",
+        *fleet_and_nodes("disk_percent", "system", node_agg="max"),
         unit="percent",
-        width=24,
+    )
+    ly.table(
+        "Highest memory use",
+        "The five nodes with the highest mean memory use over the time range.",
+        influx_target("A", worst_nodes("memory_percent", "system"), table=True),
+    )
+    ly.table(
+        "Fullest disks",
+        "The five nodes with the fullest working-directory filesystem in the time range.",
+        influx_target("A", worst_nodes("disk_percent", "system", agg="max"), table=True),
     )
     ly.row("GPU")
-    by_gpu = ("uid", "gpu_index")
     ly.timeseries(
         "GPU memory allocated",
-        "torch.cuda memory held by tensors, per device.",
-        influx_target(
-            "A", influx_select('mean("allocated_bytes")', "gpu_memory", by=by_gpu), "$tag_uid gpu$tag_gpu_index"
-        ),
+        f"torch.cuda memory held by tensors. {FLEET_GPU}",
+        *fleet_and_nodes("allocated_bytes", "gpu_memory", **GPU),
         unit="bytes",
     )
     ly.timeseries(
         "GPU memory cached (reserved)",
-        "torch.cuda memory reserved by the caching allocator, per device.",
-        influx_target(
-            "A", influx_select('mean("reserved_bytes")', "gpu_memory", by=by_gpu), "$tag_uid gpu$tag_gpu_index"
-        ),
+        f"torch.cuda memory reserved by the caching allocator. {FLEET_GPU}",
+        *fleet_and_nodes("reserved_bytes", "gpu_memory", **GPU),
         unit="bytes",
     )
     ly.timeseries(
         "GPU utilisation",
-        "NVML utilisation per device.",
-        influx_target(
-            "A", influx_select('mean("utilization_percent")', "gpu", by=by_gpu), "$tag_uid gpu$tag_gpu_index"
-        ),
+        f"NVML utilisation. {FLEET_GPU}",
+        *fleet_and_nodes("utilization_percent", "gpu", **GPU),
         unit="percent",
     )
     ly.timeseries(
         "GPU memory used (all processes)",
-        "Device memory in use as a share of the device's memory.",
-        influx_target(
-            "A",
-            influx_select(
-                'mean("memory_used_bytes") / mean("memory_total_bytes") * 100',
-                "gpu",
-                by=by_gpu,
-            ),
-            "$tag_uid gpu$tag_gpu_index",
-        ),
-        unit="percent",
+        f"Device memory in use by every process. {FLEET_GPU}",
+        *fleet_and_nodes("memory_used_bytes", "gpu", **GPU),
+        unit="bytes",
     )
     ly.timeseries(
         "GPU temperature",
-        "Device temperature.",
-        influx_target("A", influx_select('max("temperature_c")', "gpu", by=by_gpu), "$tag_uid gpu$tag_gpu_index"),
+        f"Device temperature. {FLEET_GPU}",
+        *fleet_and_nodes("temperature_c", "gpu", node_agg="max", **GPU),
         unit="celsius",
     )
-    ly.timeseries(
-        "GPU power",
-        "Power draw per device.",
-        influx_target("A", influx_select('mean("power_w")', "gpu", by=by_gpu), "$tag_uid gpu$tag_gpu_index"),
-        unit="watt",
+    ly.timeseries("GPU power", f"Power draw. {FLEET_GPU}", *fleet_and_nodes("power_w", "gpu", **GPU), unit="watt")
+    ly.table(
+        "Hottest GPUs",
+        "The five nodes whose devices ran hottest (highest temperature) in the time range.",
+        influx_target("A", worst_nodes("temperature_c", "gpu", agg="max"), table=True),
+    )
+    ly.table(
+        "Least utilised GPUs",
+        "The five nodes whose devices were least busy (mean utilisation) over the time range.",
+        influx_target("A", worst_nodes("utilization_percent", "gpu", lowest_is_worst=True), table=True),
     )
     return dashboard(
         "telemetry-system",
         "System and GPU",
-        "CPU, memory, GPU memory allocated and cached, and GPU utilisation per node.",
+        "CPU, memory, GPU memory allocated and cached, and GPU utilisation, across the fleet or per node.",
         ["system"],
         node_variables(None),
         ly,

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 from grafana.builder.panels import Layout, dashboard
-from grafana.builder.queries import (
-    DROP_REASONS,
-    counter_rates,
-    influx_select,
-)
+from grafana.builder.queries import DROP_REASONS, counter_rates, fleet_and_nodes, influx_select
 from grafana.builder.targets import Json, influx_target
 from grafana.builder.variables import influx_variable, node_variables
 
@@ -50,41 +46,38 @@ def build() -> Json:
         ),
         width=24,
     )
+    sink_filter = '"sink" =~ /^$sink$/'
+    fleet = (
+        "With every node selected: median, p90 and maximum across the processes, per sink; with a few chosen "
+        "in UID: one line per node and sink."
+    )
+    per_sink = {"by": ("sink",), "node_agg": "last", "extra_where": sink_filter}
     ly.timeseries(
         "Pending records",
-        "Records buffered and not yet delivered, per node and sink.",
-        influx_target(
-            "A",
-            influx_select('last("pending")', "telemetry_client", by=("uid", "sink"), extra_where='"sink" =~ /^$sink$/'),
-            "$tag_uid $tag_sink",
-        ),
+        f"Records buffered and not yet delivered. {fleet}",
+        *fleet_and_nodes("pending", "telemetry_client", **per_sink),
     )
     ly.timeseries(
         "Pending bytes",
-        "Encoded bytes buffered and not yet delivered, per node and sink.",
-        influx_target(
-            "A",
-            influx_select(
-                'last("pending_bytes")', "telemetry_client", by=("uid", "sink"), extra_where='"sink" =~ /^$sink$/'
-            ),
-            "$tag_uid $tag_sink",
-        ),
+        f"Encoded bytes buffered and not yet delivered. {fleet}",
+        *fleet_and_nodes("pending_bytes", "telemetry_client", **per_sink),
         unit="bytes",
     )
+    latest = influx_select(
+        'last("dropped") AS "dropped", last("queued") AS "queued", last("sent") AS "sent", '
+        'last("retries") AS "retries", last("pending") AS "pending"',
+        "telemetry_client",
+        by=("uid", "runtime_id", "sink"),
+        extra_where=sink_filter,
+        per_interval=False,
+    )
     ly.table(
-        "Counters per process (latest)",
-        "Cumulative counters of each process (uid, runtime_id) and sink.",
+        "Nodes with the most drops",
+        "The ten nodes whose processes dropped the most records (cumulative counters, latest value, "
+        "the worst process and sink of each node).",
         influx_target(
             "A",
-            influx_select(
-                'last("queued") AS "queued", last("sent") AS "sent", '
-                'last("retries") AS "retries", last("dropped") AS "dropped", '
-                'last("pending") AS "pending"',
-                "telemetry_client",
-                by=("uid", "runtime_id", "sink"),
-                extra_where='"sink" =~ /^$sink$/',
-                per_interval=False,
-            ),
+            f'SELECT top("dropped", "uid", 10) AS "dropped", "queued", "sent", "retries", "pending" FROM ({latest})',
             table=True,
         ),
         width=24,

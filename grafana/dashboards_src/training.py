@@ -3,59 +3,64 @@
 from __future__ import annotations
 
 from grafana.builder.panels import Layout, dashboard
-from grafana.builder.queries import (
-    fleet_tokens_per_sec_target,
-    influx_select,
-)
+from grafana.builder.queries import fleet_and_nodes, fleet_tokens_per_sec_target, worst_nodes
 from grafana.builder.targets import Json, influx_target
 from grafana.builder.variables import node_variables
+
+FLEET = "With every miner selected: median, p90 and maximum across the miners; a few chosen in UID: one line each."
+FLEET_LOW = "With every miner selected: median, p10 and minimum across the miners; a few chosen in UID: one line each."
 
 
 def build() -> Json:
     ly = Layout()
     ly.row("Optimisation")
-    ly.timeseries(
-        "Training loss",
-        "Mean loss per miner over each interval (training_step.loss).",
-        influx_target("A", influx_select('mean("loss")', "training_step"), "$tag_uid"),
-    )
+    ly.timeseries("Training loss", f"Loss over each interval. {FLEET}", *fleet_and_nodes("loss", "training_step"))
     ly.timeseries(
         "Learning rate",
-        "Learning rate each miner used last in the interval.",
-        influx_target("A", influx_select('last("learning_rate")', "training_step"), "$tag_uid"),
+        f"Learning rate used in the interval. {FLEET}",
+        *fleet_and_nodes("learning_rate", "training_step", node_agg="last"),
         unit="sci",
     )
     ly.timeseries(
         "Gradient norm (mean of parameter groups)",
-        "Mean over parameter groups of the gradient norm, per miner.",
-        influx_target("A", influx_select('mean("grad_norm_mean")', "training_step"), "$tag_uid"),
+        f"Mean over parameter groups of the gradient norm. {FLEET}",
+        *fleet_and_nodes("grad_norm_mean", "training_step"),
     )
     ly.timeseries(
         "Gradient norm (largest parameter group)",
-        "Largest per-group gradient norm: spikes here precede divergence.",
-        influx_target("A", influx_select('max("grad_norm_max")', "training_step"), "$tag_uid"),
+        f"Largest per-group gradient norm: spikes here precede divergence. {FLEET}",
+        *fleet_and_nodes("grad_norm_max", "training_step", node_agg="max"),
     )
     ly.row("Throughput and progress")
     ly.timeseries(
-        "Tokens per second, per miner",
-        "Training throughput of each miner.",
-        influx_target("A", influx_select('mean("tokens_per_sec")', "training_step"), "$tag_uid"),
-        unit="short",
+        "Tokens per second",
+        f"Training throughput. {FLEET_LOW}",
+        *fleet_and_nodes("tokens_per_sec", "training_step", lowest_is_worst=True),
     )
     ly.timeseries(
         "Tokens per second, all selected miners",
         "Sum of the miners' throughput.",
         fleet_tokens_per_sec_target(),
     )
+    ly.table(
+        "Slowest miners",
+        "The five miners with the lowest mean throughput over the time range.",
+        influx_target("A", worst_nodes("tokens_per_sec", "training_step", lowest_is_worst=True), table=True),
+    )
+    ly.table(
+        "Fewest steps",
+        "The five miners that logged the fewest training steps in the time range: stalled or silent for part of it.",
+        influx_target("A", worst_nodes("global_step", "training_step", agg="count", lowest_is_worst=True), table=True),
+    )
     ly.timeseries(
         "Global step",
-        "Optimiser step counter of each miner.",
-        influx_target("A", influx_select('max("global_step")', "training_step"), "$tag_uid"),
+        f"Optimiser step counter. {FLEET_LOW}",
+        *fleet_and_nodes("global_step", "training_step", node_agg="max", lowest_is_worst=True),
     )
     ly.timeseries(
         "Window",
-        "Training window each miner is in: a miner lagging behind shows up here.",
-        influx_target("A", influx_select('max("window")', "training_step"), "$tag_uid"),
+        f"Training window: a miner lagging behind shows up in the minimum. {FLEET_LOW}",
+        *fleet_and_nodes("window", "training_step", node_agg="max", lowest_is_worst=True),
     )
     return dashboard(
         "telemetry-training",

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 from grafana.builder.panels import Layout, dashboard
-from grafana.builder.queries import (
-    influx_select,
-)
+from grafana.builder.queries import fleet_and_nodes, influx_select, worst_nodes
 from grafana.builder.targets import Json, influx_target
 from grafana.builder.variables import influx_variable, node_variables
 
@@ -37,44 +35,47 @@ def build() -> Json:
     )
     ly.row("Scores and weights per evaluated miner")
     eval_filter = '"eval_uid" =~ /^$eval_uid$/'
+    per_miner = {
+        "extra_where": eval_filter,
+        "node_by": ("eval_uid",),
+        "node_alias": "$tag_eval_uid",
+        "variable": "eval_uid",
+    }
+    fleet = (
+        "With every evaluated miner selected: median, p90 and maximum across the scores the selected "
+        "validators gave; with a few chosen in Evaluated UID: one line per evaluated miner."
+    )
     ly.timeseries(
         "Score per evaluated miner",
-        "Score the selected validators gave each evaluated miner.",
-        influx_target(
-            "A",
-            influx_select('mean("score")', "validator_scores", by=("eval_uid",), extra_where=eval_filter),
-            "$tag_eval_uid",
-        ),
+        f"Score the selected validators gave the evaluated miners. {fleet}",
+        *fleet_and_nodes("score", "validator_scores", **per_miner),
     )
     ly.timeseries(
         "Moving average score",
-        "Exponential moving average of each evaluated miner's score.",
-        influx_target(
-            "A",
-            influx_select('mean("moving_avg_score")', "validator_scores", by=("eval_uid",), extra_where=eval_filter),
-            "$tag_eval_uid",
-        ),
+        f"Exponential moving average of the evaluated miners' scores. {fleet}",
+        *fleet_and_nodes("moving_avg_score", "validator_scores", **per_miner),
     )
     ly.timeseries(
         "Weight per evaluated miner",
-        "Weight set on chain for each evaluated miner.",
+        f"Weight set on chain for the evaluated miners. {fleet}",
+        *fleet_and_nodes("weight", "validator_scores", node_agg="last", **per_miner),
+    )
+    ly.table(
+        "Highest weights",
+        "The ten evaluated miners with the highest mean weight over the time range (selected validators).",
         influx_target(
             "A",
-            influx_select('last("weight")', "validator_scores", by=("eval_uid",), extra_where=eval_filter),
-            "$tag_eval_uid",
+            worst_nodes("weight", "validator_scores", count=10, tag="eval_uid", extra_where=eval_filter),
+            table=True,
         ),
     )
     ly.table(
-        "Latest score and weight",
-        "Last score, moving average and weight per validator and evaluated miner.",
+        "Lowest scores",
+        "The ten evaluated miners with the lowest mean score over the time range (selected validators).",
         influx_target(
             "A",
-            influx_select(
-                'last("score") AS "score", last("moving_avg_score") AS "moving_avg_score", last("weight") AS "weight"',
-                "validator_scores",
-                by=("uid", "eval_uid"),
-                extra_where=eval_filter,
-                per_interval=False,
+            worst_nodes(
+                "score", "validator_scores", count=10, tag="eval_uid", lowest_is_worst=True, extra_where=eval_filter
             ),
             table=True,
         ),

@@ -1,0 +1,225 @@
+"""How long every dashboard takes to load over a fleet's history, on a real InfluxDB 1.6.7.
+
+Backfills a fleet (simulator/backfill.py: one MetricsLogger per node, ordinary
+rates) into a fresh influxd (tests/servers.py), then runs every InfluxQL panel and
+variable query of grafana/dashboards/ as Grafana would: every variable at "All",
+the auto interval of a ~1,000 px wide panel, at 1 h, 6 h, 24 h and 7 d ending at
+the end of the backfill. Per dashboard and range it prints the slowest query,
+the p95 and median of the queries, the whole load (all queries, six in flight as
+in a browser), the largest response and the most series one query returned.
+
+    python bench/bench_dashboards.py                       # a small fleet, minutes on 2 cores
+    python bench/bench_dashboards.py --miners 256 --validators 16 --hours 24   # the reference fleet
+
+Downsampled data (the continuous queries of grafana/downsampling.py) is filled in
+for the backfilled hours before timing, as the server would have done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import urllib.parse
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _common import percentile  # noqa: E402
+
+from simulator import dashboards as dash  # noqa: E402
+from simulator.backfill import FleetShape, backfill  # noqa: E402
+
+RANGES = {"1h": timedelta(hours=1), "6h": timedelta(hours=6), "24h": timedelta(hours=24), "7d": timedelta(days=7)}
+IN_FLIGHT = 6  # queries a browser runs at once against one Grafana
+
+
+@dataclass
+class Timing:
+    query: dash.Query
+    seconds: float
+    size: int
+    series: int
+    error: str = ""
+
+
+TIMEOUT_S = 60.0  # a query still running after this counts as this long, flagged "timeout"
+
+
+def run_query(url: str, database: str, text: str) -> tuple[float, int, int, str]:
+    """Seconds, response bytes, series (one per field column, as Grafana draws them), error."""
+    data = urllib.parse.urlencode({"q": text, "db": database, "epoch": "ms"}).encode()
+    start = time.perf_counter()
+    try:
+        with urllib.request.urlopen(f"{url}/query", data=data, timeout=TIMEOUT_S) as response:
+            body = response.read()
+    except TimeoutError:
+        return TIMEOUT_S, 0, 0, f"timeout after {TIMEOUT_S:g} s"
+    except OSError as exc:
+        return time.perf_counter() - start, 0, 0, str(exc)
+    seconds = time.perf_counter() - start
+    result = json.loads(body)["results"][0]
+    series = sum(max(1, len(s["columns"]) - 1) for s in result.get("series", []))
+    return seconds, len(body), series, result.get("error", "")
+
+
+def expanded_queries(dashboard: dict, time_range: dash.TimeRange) -> list[tuple[dash.Query, str]]:
+    datasources = dash.load_datasources()
+    interval = dash.auto_interval(time_range, max_data_points=1000)
+    values = dash.all_selected(dashboard)
+    out = []
+    for query in dash.iter_queries([dashboard], datasources):
+        if query.datasource_type != "influxdb":
+            continue
+        out.append((query, dash.expand(query, time_range, values, dashboard=dashboard, interval=interval)))
+    return out
+
+
+def time_dashboard(url: str, database: str, dashboard: dict, time_range: dash.TimeRange, repeat: int) -> dict:
+    queries = expanded_queries(dashboard, time_range)
+    timings = []
+    for query, text in queries:
+        runs = [run_query(url, database, text) for _ in range(repeat)]
+        seconds = statistics.median(r[0] for r in runs)
+        _, size, series, error = runs[-1]
+        timings.append(Timing(query, seconds, size, series, error))
+    start = time.perf_counter()
+    with ThreadPoolExecutor(IN_FLIGHT) as pool:
+        list(pool.map(lambda qt: run_query(url, database, qt[1]), queries))
+    load = time.perf_counter() - start
+    ordered = sorted(t.seconds for t in timings)
+    slowest = max(timings, key=lambda t: t.seconds)
+    widest = max(timings, key=lambda t: t.series)
+    return {
+        "queries": len(timings),
+        "slowest": slowest,
+        "p50": statistics.median(ordered),
+        "p95": percentile(ordered, 0.95),
+        "load": load,
+        "largest": max(t.size for t in timings),
+        "series": widest,
+        "errors": [t for t in timings if t.error],
+        "timings": timings,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    global TIMEOUT_S
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--miners", type=int, default=32)
+    parser.add_argument("--validators", type=int, default=4)
+    parser.add_argument("--gpus", type=int, default=4, help="GPUs per node")
+    parser.add_argument("--hours", type=float, default=6.0, help="hours of history to backfill")
+    parser.add_argument("--ranges", default="1h,6h,24h,7d", help="dashboard time ranges to time")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per query; the median is reported")
+    parser.add_argument("--url", help="an InfluxDB 1.x already holding the backfill (skips starting one)")
+    parser.add_argument("--database", default="telemetry")
+    parser.add_argument("--end", help="end of the backfill with --url, ISO 8601")
+    parser.add_argument("--json", help="also write every timing to this file")
+    parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds before a query counts as timed out")
+    args = parser.parse_args(argv)
+    TIMEOUT_S = args.timeout
+    shape = FleetShape(miners=args.miners, validators=args.validators, gpus_per_node=args.gpus, hours=args.hours)
+    ranges = {name: RANGES[name] for name in args.ranges.split(",")}
+    if args.url:
+        end = datetime.fromisoformat(args.end) if args.end else datetime.now(UTC)
+        return report(args.url, args.database, shape, end, ranges, args)
+    from servers import influxdb_v1
+
+    with influxdb_v1() as server:
+        server.create_database(args.database)
+        prepare = getattr(_downsampling(), "create", None)
+        if prepare:
+            prepare(server.query, args.database)
+        end = datetime.now(UTC).replace(microsecond=0)
+        print(f"fleet: {len(shape.nodes())} nodes ({shape.miners} miners, {shape.validators} validators, ", end="")
+        print(
+            f"{shape.aggregators} aggregator, {shape.evaluators} evaluator), {shape.gpus_per_node} GPUs each, ", end=""
+        )
+        print(f"{shape.hours:g} h of history")
+        start = time.perf_counter()
+        sent = backfill(server.url, args.database, shape, end)
+        print(f"backfill: {sent:,} points through MetricsLogger in {time.perf_counter() - start:.0f} s")
+        fill = getattr(_downsampling(), "backfill", None)
+        if fill:
+            start = time.perf_counter()
+            fill(server.query, args.database, end - timedelta(hours=args.hours), end)
+            print(f"downsampled copy filled in {time.perf_counter() - start:.0f} s")
+        series = server.rows("SHOW SERIES EXACT CARDINALITY", args.database)
+        print(f"series in the database: {sum(r.get('count', 0) for r in series):,}")
+        return report(server.url, args.database, shape, end, ranges, args)
+
+
+def _downsampling():
+    """grafana/downsampling.py when it exists (its continuous queries), else nothing."""
+    try:
+        from grafana import downsampling
+    except ImportError:
+        return None
+    return downsampling
+
+
+def report(url: str, database: str, shape: FleetShape, end: datetime, ranges: dict, args) -> int:
+    dashboards = [
+        d
+        for d in dash.load_dashboards()
+        if any(q.datasource_type == "influxdb" for q in dash.iter_queries([d], dash.load_datasources()))
+    ]
+    rows = []
+    dump = []
+    header = (
+        f"{'dashboard':<26} {'range':>5} {'queries':>7} {'p50 s':>7} {'p95 s':>7} {'slowest s':>9} "
+        f"{'load s':>7} {'largest':>9} {'series':>6}  slowest query / most series"
+    )
+    print(header)
+    print("-" * len(header))
+    for name, duration in ranges.items():
+        time_range = dash.TimeRange(end - duration, end)
+        for dashboard in dashboards:
+            r = time_dashboard(url, database, dashboard, time_range, args.repeat)
+            rows.append((dashboard["title"], name, r))
+            print(
+                f"{dashboard['title']:<26} {name:>5} {r['queries']:>7} {r['p50']:>7.2f} {r['p95']:>7.2f} "
+                f"{r['slowest'].seconds:>9.2f} {r['load']:>7.2f} {r['largest'] / 1e6:>8.2f}M {r['series'].series:>6}  "
+                f"{r['slowest'].query.name!r} / {r['series'].query.name!r}",
+                flush=True,
+            )
+            for t in r["errors"]:
+                print(f"    error in {t.query.where}: {t.error}")
+            dump.extend(
+                {
+                    "dashboard": dashboard["title"],
+                    "range": name,
+                    "query": t.query.where,
+                    "seconds": round(t.seconds, 4),
+                    "bytes": t.size,
+                    "series": t.series,
+                    "error": t.error,
+                }
+                for t in r["timings"]
+            )
+    for name in ranges:
+        every = sorted(t.seconds for _, n, r in rows if n == name for t in r["timings"])
+        if every:
+            over = sum(1 for s in every if s > 1)
+            print(
+                f"all dashboards, {name}: {len(every)} queries, p50 {statistics.median(every):.2f} s, "
+                f"p95 {percentile(every, 0.95):.2f} s, max {every[-1]:.2f} s, {over} over 1 s"
+            )
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            json.dump({"shape": shape.__dict__, "timings": dump}, out, indent=1)
+    return 1 if any(r["errors"] for _, _, r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
