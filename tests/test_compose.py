@@ -546,10 +546,31 @@ def test_make_up_brings_every_service_up_healthy(tmp_path: Path) -> None:
 
 FAKE_INFLUX = r"""#!/bin/bash
 # Stands in for the influx CLI: records its arguments, answers like influx 2.x.
+# Table rows with --hide-headers, columns as the CLI reference lists them
+# (docs.influxdata.com/influxdb/v2/reference/cli/influx/): bucket list: ID, Name,
+# Retention, Shard group duration, Organization ID, Schema Type; task list: ID,
+# Name, Organization ID, Organization, Status, Every, Cron.
 echo "$*" >>"$CALLS"
 case "$1 $2 $3" in
-  "v1 dbrp list") [ -n "$DBRP_EXISTS" ] && printf 'id1\ttelemetry\tbucket123\tautogen\ttrue\n'; exit 0 ;;
+  "v1 dbrp list")
+    case "$*" in
+      *"--rp downsampled"*) [ -n "$DOWNSAMPLED_DBRP_EXISTS" ] && printf 'id2\ttelemetry\tds456\tdownsampled\tfalse\n' ;;
+      *) [ -n "$DBRP_EXISTS" ] && printf 'id1\ttelemetry\tbucket123\tautogen\ttrue\n' ;;
+    esac
+    exit 0 ;;
   "v1 dbrp create") exit 0 ;;
+esac
+case "$1 $2" in
+  "bucket list")
+    if [ -n "$DOWNSAMPLED_EXISTS" ] || grep -q "^bucket create" "$CALLS"; then
+      printf 'ds456\ttelemetry_downsampled\t9600h0m0s\t24h0m0s\torg123\timplicit\n'
+    fi
+    exit 0 ;;
+  "bucket create") exit 0 ;;
+  "task list")
+    [ -n "$TASKS_EXIST" ] && printf 'tk1\tdownsample_system\torg123\ttelemetry\tactive\t5m\t\n'
+    exit 0 ;;
+  "task create") cp "$6" "$TASK_COPIES/$(grep -o 'name: "[a-z_]*"' "$6" | cut -d'"' -f2).flux"; exit 0 ;;
 esac
 if [ "$1 $2" = "auth create" ]; then
   case "$*" in
@@ -602,3 +623,75 @@ def test_init_script_stores_a_write_and_a_read_token(tmp_path: Path, mapping_exi
         assert created == []
     else:
         assert created and "--db telemetry --rp autogen --default" in created[0]
+
+
+@pytest.mark.parametrize("already_there", [False, True])
+def test_downsampling_init_creates_the_bucket_mapping_and_tasks(tmp_path: Path, already_there: bool) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    influx = bin_dir / "influx"
+    influx.write_text(FAKE_INFLUX)
+    influx.chmod(0o755)
+    calls, copies = tmp_path / "calls", tmp_path / "tasks"
+    calls.write_text("")
+    copies.mkdir()
+    there = "1" if already_there else ""
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "CALLS": str(calls),
+        "TASK_COPIES": str(copies),
+        "DOWNSAMPLED_EXISTS": there,
+        "DOWNSAMPLED_DBRP_EXISTS": there,
+        "TASKS_EXIST": there,
+        "DOCKER_INFLUXDB_INIT_ORG_ID": "org123",
+        "DOCKER_INFLUXDB_INIT_BUCKET": "telemetry",
+        "INFLUXDB_DOWNSAMPLED_RETENTION": "400d",
+        "TELEMETRY_DOWNSAMPLING_TASKS": str(ROOT / "grafana/downsampling/tasks"),
+    }
+    script = COMPOSE / "influxdb/init/05-downsampling.sh"
+    assert script.stat().st_mode & stat.S_IXUSR
+    result = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    made = calls.read_text().splitlines()
+    buckets = [c for c in made if c.startswith("bucket create")]
+    mappings = [c for c in made if c.startswith("v1 dbrp create")]
+    flux_files = sorted(p.stem for p in (ROOT / "grafana/downsampling/tasks").glob("*.flux"))
+    if already_there:
+        assert buckets == [] and mappings == []
+        assert sorted(p.stem for p in copies.iterdir()) == [f"downsample_{n}" for n in flux_files if n != "system"]
+    else:
+        assert buckets == ["bucket create --org-id org123 --name telemetry_downsampled --retention 400d"]
+        assert mappings == ["v1 dbrp create --org-id org123 --bucket-id ds456 --db telemetry --rp downsampled"]
+        assert sorted(p.stem for p in copies.iterdir()) == [f"downsample_{n}" for n in flux_files]
+    for task in copies.iterdir():
+        text = task.read_text()
+        assert 'from(bucket: "telemetry")' in text and 'to(bucket: "telemetry_downsampled")' in text
+        assert "@" not in text
+
+
+def test_grafana_read_token_reads_the_downsampled_copy_too(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    influx = bin_dir / "influx"
+    influx.write_text(FAKE_INFLUX)
+    influx.chmod(0o755)
+    calls = tmp_path / "calls"
+    calls.write_text("")
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "CALLS": str(calls),
+        "DOWNSAMPLED_EXISTS": "1",
+        "TELEMETRY_TOKENS_DIR": str(tmp_path / "tokens"),
+        "GRAFANA_UID": str(os.getuid()),
+        "DOCKER_INFLUXDB_INIT_ORG_ID": "org123",
+        "DOCKER_INFLUXDB_INIT_BUCKET_ID": "bucket123",
+        "DOCKER_INFLUXDB_INIT_BUCKET": "telemetry",
+    }
+    result = subprocess.run(
+        ["bash", str(COMPOSE / "influxdb/init/10-tokens.sh")], env=env, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    reads = [c for c in calls.read_text().splitlines() if c.startswith("auth create") and "--read-bucket" in c]
+    assert len(reads) == 1 and "--read-bucket bucket123 --read-bucket ds456" in reads[0]
+    writes = [c for c in calls.read_text().splitlines() if c.startswith("auth create") and "--write-bucket" in c]
+    assert "ds456" not in writes[0]

@@ -38,7 +38,14 @@ create_token() {
 }
 
 write_token="$(create_token "telemetry nodes: write ${bucket}" --write-bucket "${bucket_id}")"
-read_token="$(create_token "grafana: read ${bucket}" --read-bucket "${bucket_id}")"
+# Grafana also reads the downsampled copy (05-downsampling.sh) for long time ranges.
+read_buckets=(--read-bucket "${bucket_id}")
+downsampled_id="$(influx bucket list --org-id "${org_id}" --name "${INFLUXDB_DOWNSAMPLED_BUCKET:-${bucket}_downsampled}" \
+  --hide-headers 2>/dev/null | awk 'NR == 1 { print $1 }' || true)"
+if [ -n "${downsampled_id}" ]; then
+  read_buckets+=(--read-bucket "${downsampled_id}")
+fi
+read_token="$(create_token "grafana: read ${bucket}" "${read_buckets[@]}")"
 if [ -z "${write_token}" ] || [ -z "${read_token}" ]; then
   echo "10-tokens.sh: influx auth create returned no token" >&2
   exit 1
