@@ -11,8 +11,10 @@ in a browser), the largest response and the most series one query returned.
     python bench/bench_dashboards.py                       # a small fleet, minutes on 2 cores
     python bench/bench_dashboards.py --miners 256 --validators 16 --hours 24   # the reference fleet
 
-Downsampled data (the continuous queries of grafana/downsampling.py) is filled in
-for the backfilled hours before timing, as the server would have done.
+The downsampled copy (the continuous queries of grafana/builder/downsampling.py)
+is filled in for the backfilled hours before timing, as the server would have
+done; the series count the catalog implies (telemetry_client.cardinality) is
+printed beside the one the database holds.
 """
 
 from __future__ import annotations
@@ -36,8 +38,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from _common import percentile  # noqa: E402
 
+from grafana.builder import downsampling  # noqa: E402
 from simulator import dashboards as dash  # noqa: E402
 from simulator.backfill import FleetShape, backfill  # noqa: E402
+from telemetry_client import cardinality as card  # noqa: E402
 
 RANGES = {"1h": timedelta(hours=1), "6h": timedelta(hours=6), "24h": timedelta(hours=24), "7d": timedelta(days=7)}
 IN_FLIGHT = 6  # queries a browser runs at once against one Grafana
@@ -98,7 +102,7 @@ def time_dashboard(url: str, database: str, dashboard: dict, time_range: dash.Ti
     load = time.perf_counter() - start
     ordered = sorted(t.seconds for t in timings)
     slowest = max(timings, key=lambda t: t.seconds)
-    widest = max(timings, key=lambda t: t.series)
+    widest = max((t for t in timings if t.query.source == "panel"), key=lambda t: t.series)
     return {
         "queries": len(timings),
         "slowest": slowest,
@@ -137,35 +141,27 @@ def main(argv: list[str] | None = None) -> int:
 
     with influxdb_v1() as server:
         server.create_database(args.database)
-        prepare = getattr(_downsampling(), "create", None)
-        if prepare:
-            prepare(server.query, args.database)
+        for statement in downsampling.influxql_setup(args.database):
+            server.query(statement)
         end = datetime.now(UTC).replace(microsecond=0)
         print(f"fleet: {len(shape.nodes())} nodes ({shape.miners} miners, {shape.validators} validators, ", end="")
         print(
             f"{shape.aggregators} aggregator, {shape.evaluators} evaluator), {shape.gpus_per_node} GPUs each, ", end=""
         )
         print(f"{shape.hours:g} h of history")
+        fleet = card.Fleet(shape.miners, shape.validators, shape.aggregators, shape.evaluators, shape.gpus_per_node)
+        print(card.report(fleet))
         start = time.perf_counter()
         sent = backfill(server.url, args.database, shape, end)
         print(f"backfill: {sent:,} points through MetricsLogger in {time.perf_counter() - start:.0f} s")
-        fill = getattr(_downsampling(), "backfill", None)
-        if fill:
-            start = time.perf_counter()
-            fill(server.query, args.database, end - timedelta(hours=args.hours), end)
-            print(f"downsampled copy filled in {time.perf_counter() - start:.0f} s")
+        start = time.perf_counter()
+        start_ms = int((end - timedelta(hours=args.hours)).timestamp() * 1000) - 300_000
+        for statement in downsampling.influxql_backfill(args.database, start_ms, int(end.timestamp() * 1000) + 1):
+            server.query(statement, args.database)
+        print(f"downsampled copy (what the continuous queries write) filled in {time.perf_counter() - start:.0f} s")
         series = server.rows("SHOW SERIES EXACT CARDINALITY", args.database)
         print(f"series in the database: {sum(r.get('count', 0) for r in series):,}")
         return report(server.url, args.database, shape, end, ranges, args)
-
-
-def _downsampling():
-    """grafana/downsampling.py when it exists (its continuous queries), else nothing."""
-    try:
-        from grafana import downsampling
-    except ImportError:
-        return None
-    return downsampling
 
 
 def report(url: str, database: str, shape: FleetShape, end: datetime, ranges: dict, args) -> int:
