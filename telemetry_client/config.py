@@ -258,6 +258,10 @@ def influxdb_config(
     Raises `ConfigurationError` for a setting that is present but wrong, and for
     nothing configured when strict. `environ` defaults to `os.environ` (read now).
     """
+    if not enabled:  # an explicit no-op logger: nothing is read, nothing can be wrong
+        return InfluxDBConfig(
+            enabled=False, strict=False, disabled_reason="disabled by enabled=False", settings=(), ignored=()
+        )
     r = _Resolver(INFLUXDB_ENV, environ)
     is_strict = _strict(r, strict)
     raw_version = r.get("api_version", api_version, 2)
@@ -291,9 +295,6 @@ def influxdb_config(
             verify_tls=tls,
             **kwargs,
         )
-
-    if not enabled:
-        return result(enabled=False, disabled_reason="disabled by enabled=False", org=given_org)
 
     if base is None and not given_host:
         stray = [name for name in ("token", "username", "password", "port") if r.given(name)]
@@ -381,8 +382,17 @@ def loki_config(
     they are moved out of it so that the URL can be shown.
     """
     r = _Resolver(LOKI_ENV, environ)
-    is_strict = _strict(r, strict)
     chosen_environment = r.get("environment", environment, DEFAULT_ENVIRONMENT)
+    if not enabled:  # console-only logging: only the environment label is read
+        return LokiConfig(
+            enabled=False,
+            strict=False,
+            disabled_reason="disabled by enabled=False",
+            settings=tuple(r.settings.values()),
+            ignored=(),
+            environment=str(chosen_environment),
+        )
+    is_strict = _strict(r, strict)
     given_url = r.get("url", url)
     user = r.get("username", username)
     secret = r.get("password", password)
@@ -399,8 +409,6 @@ def loki_config(
             **kwargs,
         )
 
-    if not enabled:
-        return result(enabled=False, disabled_reason="disabled by enabled=False")
     if not given_url:
         stray = [name for name in ("username", "password", "bearer_token", "tenant_id") if r.given(name)]
         return result(enabled=False, disabled_reason=_disabled_or_raise(is_strict, "Loki URL", LOKI_HINT, stray))

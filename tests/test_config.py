@@ -85,3 +85,9 @@ def test_exit_timeout_source():
     assert exit_timeout_setting({}).source == "default"
     assert exit_timeout_setting({"TELEMETRY_EXIT_TIMEOUT": "1.5"}).value == 1.5
     assert "not a number" in exit_timeout_setting({"TELEMETRY_EXIT_TIMEOUT": "x"}).source
+
+
+def test_explicitly_disabled_reads_and_checks_nothing():
+    wrong = {"INFLUXDB_API_VERSION": "3", "TELEMETRY_STRICT": "maybe", "LOKI_URL": "not a url"}
+    assert influxdb_config(enabled=False, environ=wrong).disabled_reason == "disabled by enabled=False"
+    assert loki_config(enabled=False, environ={**wrong, "TELEMETRY_ENVIRONMENT": "finney"}).environment == "finney"
