@@ -30,6 +30,10 @@ from telemetry_client.transport import HttpTransport, Response
 # Config attributes that may become tags: tag name -> dotted attribute path in `config`.
 DEFAULT_CONFIG_TAGS: Mapping[str, str] = {"netuid": "netuid", "network": "subtensor.network"}
 SELF_METRICS_MEASUREMENT = "telemetry_client"
+# The times InfluxDB stores (models/time.go: MinNanoTime = MinInt64 + 2, MaxNanoTime = MaxInt64 - 1);
+# a line outside them is refused as "time outside range" or does not parse.
+MIN_TIME_NS = -(2**63) + 2
+MAX_TIME_NS = 2**63 - 2
 
 # (measurement, caller tags or None, fields, timestamp, with_system_metrics, with_gpu_metrics)
 Record = tuple[str, dict | None, dict, Any, bool, bool]
@@ -188,6 +192,15 @@ class InfluxSink:
                 drop("invalid", 1)
                 warn.warning("timestamp", "dropped a point with an invalid timestamp %r", timestamp)
                 return
+        if not MIN_TIME_NS <= ts <= MAX_TIME_NS:
+            drop("invalid", 1)
+            warn.warning(
+                "timestamp-range",
+                "dropped a point timestamped %r: outside what InfluxDB stores (1677-2262); "
+                "an int is nanoseconds, a float seconds",
+                timestamp,
+            )
+            return
         self._emit_point(measurement, tags, fields, ts, emit, drop)
         if not (with_system or with_gpu):
             return

@@ -9,14 +9,16 @@ played by the fault server.
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 
 import pytest
 from fault_server import Reply, fault_server
 
 from telemetry_client.influx_rejections import Refusal, read_refusal
-from telemetry_client.metrics import MetricsLogger
+from telemetry_client.metrics import InfluxSink, MetricsLogger
 from telemetry_client.shipping import BufferSettings
+from telemetry_client.transport import HttpTransport, Response
 
 # One batch: nothing is sealed before flush() (flush_interval far away, batch_items large).
 ONE_BATCH = BufferSettings(flush_interval=60, retry_base=0.02, retry_cap=0.1)
@@ -51,28 +53,59 @@ def test_field_type_conflict_on_influxdb_1x(influx_db):
     assert "field type conflict" in stats["last_error"]
 
 
-def test_unparsable_line_on_influxdb_1x(influx_db):
+def _post(server, database: str, body: bytes) -> Response:
+    request = urllib.request.Request(f"{server.url}/write?db={database}&precision=n", data=body, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return Response(answer.status, answer.read(), None)
+    except urllib.error.HTTPError as error:
+        return Response(error.code, error.read(), None)
+
+
+def _items(lines: list[str]) -> list:
+    return [((line + "\n").encode(), len(line) + 1, line.split(" ", 1)[0]) for line in lines]
+
+
+def _sink() -> InfluxSink:
+    return InfluxSink(HttpTransport("http://127.0.0.1:9/write", {}), {}, 1024, 10.0, None)
+
+
+def test_unparsable_lines_on_influxdb_1x(influx_db):
+    """The encoder writes no line InfluxDB cannot parse, so the batch is posted as is and its answer read."""
     server, database = influx_db
-    logger = _v1_logger(server, database)
-    logger.log("m", fields={"v": 1.0}, timestamp=TS)
-    logger.log("m", fields={"v": 2.0}, timestamp=10**21)  # beyond int64 nanoseconds: "value out of range"
-    logger.log("m", fields={"v": 3.0}, timestamp=TS + 2)
-    assert logger.flush(10) == 0
-    stats = logger.stats()
-    logger.close(1)
+    lines = [f"m v=1 {TS}", f"m v=np.float64(0.25) {TS + 1}", f"m v=3 {TS + 2}", f"m v=2 {10**21}"]
+    answer = _post(server, database, "".join(line + "\n" for line in lines).encode())
+    items = _items(lines)
+    verdict = _sink().on_rejected(items, answer)
+    assert answer.status == 400 and b"partial write: unable to parse" in answer.body
     assert [row["v"] for row in server.rows("SELECT v FROM m", database)] == [1, 3]
-    assert (stats["sent"], stats["dropped_by_reason"]) == (2, {"rejected": 1})
+    assert (list(verdict.stored), dict(verdict.refused), list(verdict.resend)) == (
+        [items[0], items[2]],
+        {"rejected": 2},
+        [],
+    )
 
 
 def test_a_batch_of_only_bad_lines_on_influxdb_1x(influx_db):
     server, database = influx_db
+    lines = [f"m v=np.float64(0.25) {TS}"]
+    answer = _post(server, database, f"{lines[0]}\n".encode())
+    verdict = _sink().on_rejected(_items(lines), answer)
+    assert server.rows("SELECT v FROM m", database) == []
+    assert (list(verdict.stored), dict(verdict.refused), list(verdict.resend)) == ([], {"rejected": 1}, [])
+
+
+def test_timestamps_influxdb_cannot_store_are_counted_invalid_before_sending(influx_db):
+    server, database = influx_db
     logger = _v1_logger(server, database)
-    logger.log("m", fields={"v": 1.0}, timestamp=10**21)
+    logger.log("m", fields={"v": 1.0}, timestamp=TS)
+    logger.log("m", fields={"v": 2.0}, timestamp=10**21)  # an int is nanoseconds: year 33658
+    logger.log("m", fields={"v": 3.0}, timestamp=1.7e18)  # nanoseconds passed as a float (seconds)
     assert logger.flush(10) == 0
     stats = logger.stats()
     logger.close(1)
-    assert server.rows("SELECT v FROM m", database) == []
-    assert (stats["sent"], stats["dropped_by_reason"]) == (0, {"rejected": 1})
+    assert [row["v"] for row in server.rows("SELECT v FROM m", database)] == [1]
+    assert (stats["sent"], stats["dropped_by_reason"]) == (1, {"invalid": 2})
 
 
 # Answers as InfluxDB 1.6.7 gave them (recorded from the real server) and as the
