@@ -98,6 +98,11 @@ ensure_secrets() {
     fi
     chmod "${mode}" "${secrets_dir}/${name}"
   done
+  # Optional secrets: created empty, filled in by the operator (docs/alerting.md).
+  if [ ! -e "${secrets_dir}/alerting_webhook_url" ]; then
+    (umask 077 && : >"${secrets_dir}/alerting_webhook_url")
+  fi
+  chmod 0644 "${secrets_dir}/alerting_webhook_url"  # read by Grafana as uid 472, like its password
   # The env file no longer holds secrets: drop what an older version put there.
   if [ -f "${env_file}" ] && grep -qE '^(INFLUXDB_ADMIN_PASSWORD|INFLUXDB_ADMIN_TOKEN|GRAFANA_ADMIN_PASSWORD)=' "${env_file}"; then
     (umask 077 && grep -vE '^(INFLUXDB_ADMIN_PASSWORD|INFLUXDB_ADMIN_TOKEN|GRAFANA_ADMIN_PASSWORD)=' "${env_file}" >"${env_file}.tmp" || true)
@@ -128,6 +133,15 @@ BIND_ADDRESS=127.0.0.1
 INFLUXDB_PORT=8086
 LOKI_PORT=3100
 GRAFANA_PORT=3000
+
+# Alerting (docs/alerting.md). Uncomment a threshold to change it; the defaults
+# are in grafana/alerting/settings.env. Contact points: a webhook URL (Discord,
+# Slack or any JSON receiver; its kind in ALERT_WEBHOOK_TYPE) goes into
+# compose/secrets/alerting_webhook_url; email addresses here (email also needs
+# GF_SMTP_ENABLED=true, GF_SMTP_HOST and GF_SMTP_FROM_ADDRESS). With none set,
+# alerts still show in Grafana and go nowhere.
+$(sed -n 's/^\(ALERT_[A-Z0-9_]*=.*\)$/# \1/p' "${root}/grafana/alerting/settings.env")
+ALERTING_EMAIL_ADDRESSES=
 ENV
       mv "${env_file}.tmp" "${env_file}"
     )

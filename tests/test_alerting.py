@@ -17,7 +17,9 @@ for apiVersion 1 (grafana/grafana, the version pinned in versions.env):
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -173,3 +175,73 @@ def test_settings_env_lists_every_setting_with_its_default() -> None:
     pairs = dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
     assert pairs == st.defaults()
     assert st.resolve(pairs) == pairs
+
+
+# ---------------------------------------------------------------- deployment
+
+ENTRYPOINT = ROOT / "compose" / "grafana" / "entrypoint.sh"
+
+
+def run_entrypoint(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """The Grafana container's entrypoint, with Grafana itself replaced by a script that reports."""
+    run = tmp_path / "run.sh"
+    run.write_text('#!/bin/sh\necho "provisioning=$GF_PATHS_PROVISIONING webhook=$ALERTING_WEBHOOK_URL"\n')
+    run.chmod(0o755)
+    base = {
+        "PATH": os.environ["PATH"],
+        "INFLUXDB_READ_TOKEN": "read-token",
+        "TELEMETRY_ALERTING_DIR": str(ALERTING),
+        "GF_PATHS_PROVISIONING": str(ROOT / "grafana" / "provisioning"),
+        "TELEMETRY_PROVISIONING_DIR": str(tmp_path / "provisioning"),
+        "GRAFANA_RUN": str(run),
+    }
+    return subprocess.run(["sh", str(ENTRYPOINT)], env={**base, **env}, capture_output=True, text=True, check=False)
+
+
+def test_the_entrypoint_renders_exactly_what_the_python_renderer_does(tmp_path: Path) -> None:
+    hook = tmp_path / "alerting_webhook_url"
+    hook.write_text("https://discord.example/api/webhooks/1/abc\n")
+    overrides = {"ALERT_GPU_MEMORY_PERCENT": "90.5", "ALERT_NODE_SILENT_STEPS": "5", "ALERT_WEBHOOK_TYPE": "discord"}
+    done = run_entrypoint(
+        tmp_path, ALERTING_WEBHOOK_URL_FILE=str(hook), ALERTING_EMAIL_ADDRESSES="ops@example.org", **overrides
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (
+        f"provisioning={tmp_path / 'provisioning'} webhook=https://discord.example/api/webhooks/1/abc"
+    )
+    expected = rd.render_dir(
+        ALERTING, tmp_path / "python", overrides, {"ALERTING_WEBHOOK_URL": "x", "ALERTING_EMAIL_ADDRESSES": "y"}
+    )
+    rendered_dir = tmp_path / "provisioning" / "alerting"
+    assert sorted(p.name for p in rendered_dir.iterdir()) == sorted(p.name for p in expected)
+    for path in expected:
+        assert (rendered_dir / path.name).read_text() == path.read_text(), path.name
+    # The rest of the provisioning is handed over as it is.
+    assert (tmp_path / "provisioning" / "datasources" / "datasources.yml").is_file()
+
+
+def test_the_entrypoint_without_contact_points_provisions_the_rules_only(tmp_path: Path) -> None:
+    empty = tmp_path / "alerting_webhook_url"
+    empty.write_text("")
+    done = run_entrypoint(tmp_path, ALERTING_WEBHOOK_URL_FILE=str(empty))
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in (tmp_path / "provisioning" / "alerting").iterdir()) == ["rules.yaml"]
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("ALERT_LOSS_WINDOW_SECONDS", "5m"), ("ALERT_GPU_MEMORY_PERCENT", "9x"), ("ALERT_NODE_SILENT_STEPS", "0"),
+     ("ALERT_WEBHOOK_TYPE", "teams"), ("ALERT_LOSS_JUMP_RATIO", "1.2.3")],
+)  # fmt: skip
+def test_the_entrypoint_refuses_a_malformed_setting_by_name(tmp_path: Path, name: str, value: str) -> None:
+    done = run_entrypoint(tmp_path, **{name: value})
+    assert done.returncode == 1 and name in done.stderr and "provisioning=" not in done.stdout
+
+
+def test_compose_passes_every_setting_and_mounts_the_alerting_files() -> None:
+    compose = yaml.safe_load((ROOT / "compose" / "docker-compose.yml").read_text())
+    grafana = compose["services"]["grafana"]
+    for setting in st.SETTINGS:
+        assert grafana["environment"][setting.name] == "${" + setting.name + ":-}", setting.name
+    assert "../grafana/alerting:/etc/telemetry/alerting:ro" in grafana["volumes"]
+    assert grafana["environment"]["ALERTING_WEBHOOK_URL_FILE"] == "/run/secrets/alerting_webhook_url"

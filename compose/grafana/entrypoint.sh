@@ -17,4 +17,76 @@ if [ -z "${INFLUXDB_READ_TOKEN:-}" ]; then
   INFLUXDB_READ_TOKEN="$(cat "${token_file}")"
   export INFLUXDB_READ_TOKEN
 fi
+
+# Alert rules. grafana/alerting (mounted at TELEMETRY_ALERTING_DIR) holds the
+# generated files with ${ALERT_...} placeholders, which Grafana does not expand
+# inside a rule's query (grafana/grafana pkg/services/provisioning/alerting/
+# rules_types.go passes the model on raw). This fills them in from the
+# environment, or from the defaults of settings.env, checks each value, and hands
+# Grafana a copy of its provisioning with the rendered files in alerting/. The
+# contact point files are included only when their address is set (Grafana
+# refuses a contact point without one); Grafana expands those addresses itself.
+# grafana/alerting_src/render.py does exactly the same (a test compares them).
+alerting_dir="${TELEMETRY_ALERTING_DIR:-/etc/telemetry/alerting}"
+if [ -d "${alerting_dir}" ]; then
+  fail() {
+    echo "grafana: $*" >&2
+    exit 1
+  }
+  if [ -z "${ALERTING_WEBHOOK_URL:-}" ] && [ -n "${ALERTING_WEBHOOK_URL_FILE:-}" ]; then
+    [ -r "${ALERTING_WEBHOOK_URL_FILE}" ] || fail "${ALERTING_WEBHOOK_URL_FILE} (ALERTING_WEBHOOK_URL_FILE) is not readable."
+    ALERTING_WEBHOOK_URL="$(cat "${ALERTING_WEBHOOK_URL_FILE}")"
+    export ALERTING_WEBHOOK_URL
+  fi
+  script=""
+  kind=""
+  while IFS= read -r line; do
+    case "${line}" in
+      "#"*"(seconds)") kind=seconds ;;
+      "#"*"(count)") kind=count ;;
+      "#"*"(number)") kind=number ;;
+      "#"*"(choice)") kind=choice ;;
+      ALERT_*=*)
+        name="${line%%=*}"
+        eval "value=\${${name}:-}"
+        [ -n "${value}" ] || value="${line#*=}"
+        case "${kind}:${name}:${value}" in
+          seconds:*:*[!0-9]* | seconds:*: | count:*:*[!0-9]* | count:*: | count:*:0) bad=1 ;;
+          number:*:*[!0-9.]* | number:*: | number:*:.* | number:*:*. | number:*:*.*.*) bad=1 ;;
+          choice:ALERT_WEBHOOK_TYPE:discord | choice:ALERT_WEBHOOK_TYPE:slack | choice:ALERT_WEBHOOK_TYPE:webhook) bad=0 ;;
+          choice:*) bad=1 ;;
+          *) bad=0 ;;
+        esac
+        [ "${bad}" = 0 ] || fail "${name}=${value} is not a valid ${kind} (see docs/alerting.md)."
+        script="${script}s|\${${name}}|${value}|g;"
+        ;;
+    esac
+  done <"${alerting_dir}/settings.env"
+  source_dir="${GF_PATHS_PROVISIONING:-/etc/grafana/provisioning}"
+  target_dir="${TELEMETRY_PROVISIONING_DIR:-/tmp/telemetry-provisioning}"
+  rm -rf "${target_dir}"
+  mkdir -p "${target_dir}"
+  cp -R "${source_dir}/." "${target_dir}/"
+  rm -rf "${target_dir}/alerting"
+  mkdir -p "${target_dir}/alerting"
+  render() {
+    sed "${script}" "${alerting_dir}/$1" >"${target_dir}/alerting/$1"
+    if grep -q '\${ALERT_' "${target_dir}/alerting/$1"; then
+      fail "$1 uses a setting settings.env does not define: $(grep -o '\${ALERT_[A-Z0-9_]*}' "${target_dir}/alerting/$1" | head -n 1)"
+    fi
+  }
+  render rules.yaml
+  contacts=0
+  if [ -n "${ALERTING_WEBHOOK_URL:-}" ]; then
+    render contact-point-webhook.yaml
+    contacts=1
+  fi
+  if [ -n "${ALERTING_EMAIL_ADDRESSES:-}" ]; then
+    render contact-point-email.yaml
+    contacts=1
+  fi
+  [ "${contacts}" = 0 ] || render policies.yaml
+  GF_PATHS_PROVISIONING="${target_dir}"
+  export GF_PATHS_PROVISIONING
+fi
 exec "${GRAFANA_RUN:-/run.sh}" "$@"
