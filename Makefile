@@ -26,6 +26,7 @@ bench:
 	$(PYTHON) bench/bench_throughput.py
 	$(PYTHON) bench/bench_outage_memory.py
 	$(PYTHON) bench/bench_loki_emit.py
+	$(PYTHON) bench/bench_loki_delivery.py
 	$(PYTHON) bench/bench_flood.py
 
 # Flood the local stack with a simulated network and check every dashboard through

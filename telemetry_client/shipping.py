@@ -361,11 +361,13 @@ class Channel:
                 return True
             if response is not None and response.status < 500 and response.status not in RETRYABLE_STATUS:
                 return self._rejected(batch, response)
+            refill = None
             if response is not None and response.status == TOO_MANY_REQUESTS and batch.items:
                 batch.throttled += 1
-                if self._throttled(batch, response):
+                handled, refill = self._throttled(batch, response)
+                if handled:
                     return False
-            self._schedule_retry(response, error)
+            self._schedule_retry(response, error, refill)
             return False
 
     def _encode_while_waiting(self, pending: Pending) -> None:
@@ -434,7 +436,7 @@ class Channel:
             self._seal(_Batch(resend, sum(i[1] for i in resend), batch.created), append=False)
         return True
 
-    def _throttled(self, batch: _Batch, response: Response) -> bool:
+    def _throttled(self, batch: _Batch, response: Response) -> tuple[bool, float | None]:
         """A batch answered 429 again: halve it (it may exceed the server's burst), or drop a lone item that never fits.
 
         A rate limiter refuses a request larger than its burst forever, and Loki's
@@ -442,7 +444,8 @@ class Channel:
         down to one item. A lone item larger than the limit the server states
         (bytes per second) that is still refused after several tries is dropped
         and counted under the server's reason. True when the backlog changed and
-        the next attempt was scheduled.
+        the next attempt was scheduled; else the seconds the server's stated rate
+        needs to let this batch through (its bytes / the limit), or None.
         """
         reason, limit = "rate_limited", None
         describe = getattr(self.sink, "rate_limit", None)
@@ -467,7 +470,7 @@ class Channel:
                 batch.count,
                 message,
             )
-            return True
+            return True, None
         size = batch.items[0][1]
         if batch.count == 1 and batch.throttled >= GIVE_UP_AFTER_429S and limit is not None and size > limit:
             self._pop_oldest()
@@ -484,14 +487,20 @@ class Channel:
                 limit,
                 message,
             )
-            return True
-        return False
+            return True, None
+        if not limit or (batch.count == 1 and size > limit):
+            return False, None  # no rate to go by, or an item that may never fit: plain backoff
+        return False, batch.nbytes / limit
 
-    def _schedule_retry(self, response: Response | None, error: str | None) -> None:
+    def _schedule_retry(self, response: Response | None, error: str | None, refill: float | None = None) -> None:
+        """Schedule the next attempt: Retry-After when given, else the time a stated rate limit needs, else backoff."""
         s = self.settings
         self._attempt += 1
         self.retries += 1
-        delay = backoff_delay(self._attempt, s.retry_base, s.retry_cap, self._rng)
+        if refill is not None:  # no Retry-After on Loki's 429, but a rate: wait about what it takes, jittered
+            delay = min(s.retry_cap, max(0.01, refill)) * (1.0 + 0.25 * self._rng.random())
+        else:
+            delay = backoff_delay(self._attempt, s.retry_base, s.retry_cap, self._rng)
         if response is not None:
             error = f"HTTP {response.status}: {response.body[:200].decode('utf-8', 'replace').strip()}"
             retry_after = parse_retry_after(response.retry_after)
