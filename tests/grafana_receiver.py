@@ -698,6 +698,8 @@ def _run_log(log: _Log, entries: list[Any], lo_ns: int, hi_ns: int) -> list[tupl
                     elif isinstance(body, dict):
                         _flatten("", body, extracted)
                     for name, value in extracted.items():
+                        # grafana/loki pkg/logql/log/parser.go (2.x-3.x): a parsed key that is already a
+                        # stream label gets duplicateSuffix "_extracted" (the JSON `level` is `level_extracted`).
                         labels[f"{name}_extracted" if name in entry.labels else name] = value
                 except ValueError:
                     labels["__error__"] = "JSONParserErr"
