@@ -127,13 +127,24 @@ class _Dumper(yaml.SafeDumper):
     def ignore_aliases(self, data: object) -> bool:
         return True
 
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        """Lists indented under their key, as yamllint's default `indentation` rule wants."""
+        super().increase_indent(flow, False)
+
 
 _STANDALONE = re.compile(r"""(['"])(\$\{ALERT_[A-Z0-9_]+\})\1""")
 
 
 def _yaml(document: Json) -> str:
+    # Lines folded under yamllint's 120 columns (a folded plain scalar reads back the same).
     text = yaml.dump(
-        document, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100_000, default_flow_style=False
+        document,
+        Dumper=_Dumper,
+        sort_keys=False,
+        allow_unicode=True,
+        width=80,
+        default_flow_style=False,
+        explicit_start=True,
     )
     # A placeholder that is a whole value is written bare, so that its filled-in number is a number.
     return HEADER + _STANDALONE.sub(r"\2", text)
