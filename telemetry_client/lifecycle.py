@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import signal
 import sys
 import threading
 from collections.abc import Callable
+from typing import ParamSpec, TypeVar
 
 EXIT_TIMEOUT_ENV = "TELEMETRY_EXIT_TIMEOUT"
 DEFAULT_EXIT_TIMEOUT = 3.0
@@ -39,6 +41,8 @@ SIGTERM_ENV = "TELEMETRY_HANDLE_SIGTERM"
 # pools 15) only release resources, so the drain goes before them.
 FINALIZE_PRIORITY = 100
 
+P = ParamSpec("P")
+R = TypeVar("R")
 Drain = Callable[[float | None], int]
 
 _drain: Drain | None = None
@@ -161,18 +165,72 @@ def maybe_install_sigterm_handler() -> None:
         _sigterm_installed = True  # decided once: a later SIG_DFL set by the application is its choice
 
 
+class _EngineSection:
+    """Marks main-thread code that holds, or is about to take, an engine lock.
+
+    A signal handler runs on the main thread between two bytecodes, possibly inside
+    such a section: a drain that needed the same lock would then wait for ever.
+    The SIGTERM handler reads the depth to know whether it may park the main thread.
+    """
+
+    depth = 0
+
+    def __enter__(self) -> None:
+        if threading.get_ident() == threading.main_thread().ident:
+            _EngineSection.depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        if threading.get_ident() == threading.main_thread().ident:
+            _EngineSection.depth -= 1
+
+
+_engine_section = _EngineSection()
+
+
+def engine_call(method: Callable[P, R]) -> Callable[P, R]:
+    """Mark an engine method the main thread may call while a signal arrives (see `_EngineSection`)."""
+
+    @functools.wraps(method)
+    def marked(*args: P.args, **kwargs: P.kwargs) -> R:
+        with _engine_section:
+            return method(*args, **kwargs)
+
+    return marked
+
+
 def _on_sigterm(signum: int, frame: object) -> None:
-    """Drain within the exit deadline, then die of the signal as the default action would."""
-    if not _draining.is_set():
-        _draining.set()
+    """Drain within the exit deadline, then die of the signal as the default action would.
+
+    The drain runs on its own thread. Normally the main thread waits for it here,
+    so the application runs no further, as with the default action. If the signal
+    interrupted the main thread inside the engine (a flush, stats, or the exit
+    drain itself), the handler returns at once so the main thread can release its
+    lock; the drain thread then signals the main thread again when it is done.
+    A SIGTERM that arrives while draining ends the process at once.
+    """
+    if _draining.is_set():
+        _die(signum)
+    _draining.set()
+    timeout = exit_timeout()
+    main = threading.main_thread().ident
+    interrupted_engine = _EngineSection.depth > 0
+
+    def drain_then_end() -> None:
         if _drain is not None:
-            # The drain runs on its own thread: this handler interrupted the main thread,
-            # which may hold a channel lock; waiting here for that lock would never end.
-            timeout = exit_timeout()
-            worker = threading.Thread(target=_drain, args=(timeout,), name="telemetry-sigterm", daemon=True)
-            worker.start()
-            worker.join(timeout)
-    # A second SIGTERM while draining ends the process at once.
+            _drain(timeout)  # never raises
+        if interrupted_engine and main is not None:
+            signal.pthread_kill(main, signum)
+
+    worker = threading.Thread(target=drain_then_end, name="telemetry-sigterm", daemon=True)
+    worker.start()
+    if interrupted_engine:
+        return
+    worker.join(timeout)
+    _die(signum)
+
+
+def _die(signum: int) -> None:
+    """End the process as the default action of `signum` would: restore it and send the signal again."""
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})

@@ -10,7 +10,9 @@ for the newest (after an outage the recent state of the node matters most), and
 every dropped record is counted under `buffer_full`.
 
 Bounds: at most `max_items` records wait to be encoded, and at most `max_items`
-encoded items / `max_bytes` encoded bytes wait to be sent.
+encoded items wait to be sent. `max_bytes` bounds everything buffered: the
+compressed batches, the batch being filled, and the records not yet encoded,
+whose size is estimated from a sample of them (see `estimate_size`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import contextlib
 import itertools
 import os
 import random
+import sys
 import threading
 import time
 from collections import deque
@@ -41,6 +44,9 @@ TOO_MANY_REQUESTS = 429
 SPLIT_AFTER_429S = 2  # consecutive 429s on a batch before it is halved
 GIVE_UP_AFTER_429S = 6  # consecutive 429s on a single item larger than the stated rate before it is dropped
 OVERLAP_CHUNK = 500  # records encoded between two looks at whether the server has answered
+RECORD_SAMPLE_MASK = 63  # the size of one drained record in 64 is measured
+DEFAULT_RECORD_BYTES = 1024.0  # the size assumed for a raw record until one has been measured
+INTAKE_FLOOR = 8  # records waiting to be encoded may always use 1/8 of max_bytes
 
 
 @dataclass(frozen=True)
@@ -166,6 +172,9 @@ class Channel:
     def _reset_state(self) -> None:
         """Fresh buffers, locks and counters (at construction and in a forked child)."""
         self._intake: deque[Any] = deque()
+        self._record_bytes = DEFAULT_RECORD_BYTES  # estimated memory of one raw record
+        self._record_sampled = False
+        self._intake_limit = self.settings.max_items  # records the intake may hold (see _update_intake_limit)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._partials: dict[str, _Batch] = {}  # one per key when the sink sends one key per request
@@ -199,7 +208,7 @@ class Channel:
             self._after_close_drops.add()
             return
         intake = self._intake
-        if len(intake) >= self.settings.max_items:
+        if len(intake) >= self._intake_limit:
             with contextlib.suppress(IndexError):
                 intake.popleft()
             self._intake_drops.add()
@@ -238,6 +247,9 @@ class Channel:
 
     def _partial_items(self) -> int:
         return sum(len(batch.items) for batch in self._partials.values())
+
+    def _partial_bytes(self) -> int:
+        return sum(batch.nbytes for batch in self._partials.values())
 
     def _seal(self, batch: _Batch, append: bool) -> None:
         """Build the batch's compressed body and put it in the backlog (at the end, or first)."""
@@ -279,15 +291,42 @@ class Channel:
             except IndexError:
                 break
             self.drained += 1
+            if not self.drained & RECORD_SAMPLE_MASK:
+                self._sample_record(record)
             try:
                 encode(record, emit, drop)
             except Exception:
                 drop("encode_error")
                 warn.warning(f"{self.sink.name}:encode", "%s: could not encode a record", self.sink.name, exc_info=True)
 
+    def _sample_record(self, record: Any) -> None:
+        """Update the raw-record size estimate: the first sample, then a moving average."""
+        size = estimate_size(record)
+        if self._record_sampled:
+            self._record_bytes += (size - self._record_bytes) * 0.25
+        else:
+            self._record_bytes = float(size)
+            self._record_sampled = True
+
+    def _intake_bytes(self) -> int:
+        """Estimated memory of the records waiting to be encoded."""
+        return int(len(self._intake) * self._record_bytes)
+
+    def _update_intake_limit(self) -> None:
+        """How many records `submit` lets wait: what `max_bytes` leaves after the encoded data.
+
+        Never less than 1/8 of `max_bytes`' worth, so that new records can push out
+        the oldest encoded batches (which `_enforce_bounds` then drops).
+        """
+        s = self.settings
+        room = s.max_bytes - self._backlog_bytes - self._partial_bytes()
+        floor = s.max_bytes / INTAKE_FLOOR
+        self._intake_limit = max(1, min(s.max_items, int(max(room, floor) / self._record_bytes)))
+
     def _enforce_bounds(self, now: float) -> None:
         s = self.settings
-        while self._backlog and (self._backlog_items > s.max_items or self._backlog_bytes > s.max_bytes):
+        raw = self._partial_bytes() + self._intake_bytes()
+        while self._backlog and (self._backlog_items > s.max_items or self._backlog_bytes + raw > s.max_bytes):
             lost = self._pop_oldest()
             self._drop("buffer_full", lost.count)
             self._attempt = 0
@@ -303,6 +342,7 @@ class Channel:
             while self._backlog and now - self._backlog[0].created > s.max_age:
                 self._drop("expired", self._pop_oldest().count)
                 self._attempt = 0
+        self._update_intake_limit()
 
     def pump(self, now: float, deadline: float | None) -> float:
         """Encode, batch and send what is due; return seconds until this channel next needs a wake-up."""
@@ -524,6 +564,7 @@ class Channel:
         """Records and items not yet delivered or dropped (exact only with the lock held)."""
         return len(self._intake) + self._partial_items() + self._backlog_items
 
+    @lifecycle.engine_call
     def flush(self, timeout: float = 5.0) -> int:
         """Send everything buffered, waiting at most `timeout` seconds; return what is left."""
         deadline = time.monotonic() + max(0.0, timeout)
@@ -547,6 +588,7 @@ class Channel:
             with self._lock:
                 self._flush_requested = False
 
+    @lifecycle.engine_call
     def close(self, timeout: float = 5.0) -> int:
         """Flush within `timeout`, then stop; what is left is counted as dropped (`shutdown`)."""
         if self._closed:
@@ -574,6 +616,7 @@ class Channel:
     def closed(self) -> bool:
         return self._closed
 
+    @lifecycle.engine_call
     def stats(self) -> dict[str, Any]:
         """A snapshot of the counters (see the `telemetry_client` measurement in the catalog)."""
         with self._lock:
@@ -596,7 +639,7 @@ class Channel:
                 "retries": self.retries,
                 "bytes_sent": self.bytes_sent,
                 "pending": intake + self._partial_items() + self._backlog_items,
-                "pending_bytes": self._backlog_bytes + sum(b.nbytes for b in self._partials.values()),
+                "pending_bytes": self._backlog_bytes + self._partial_bytes() + self._intake_bytes(),
                 "dropped": sum(dropped.values()),
                 "dropped_by_reason": dropped,
                 "sent_by_key": dict(self.sent_by_key),
@@ -628,6 +671,7 @@ class Engine:
     def unregister(self, channel: Channel) -> None:
         self.channels = [c for c in self.channels if c is not channel]
 
+    @lifecycle.engine_call
     def start(self) -> None:
         """Start the sender thread if it is not running (lazily, on first use)."""
         if self.running:
@@ -663,6 +707,7 @@ class Engine:
             if timeout > 0:
                 self.wake.wait(timeout)
 
+    @lifecycle.engine_call
     def close_all(self, timeout: float) -> int:
         """Close every channel within one overall deadline; return how many records were left."""
         deadline = time.monotonic() + timeout
@@ -724,6 +769,29 @@ def shutdown(timeout: float | None = None) -> int:
 def _after_fork_in_child() -> None:
     if _engine is not None:
         _engine.after_fork_in_child()
+
+
+def estimate_size(record: Any) -> int:
+    """Bytes a raw record holds: its containers and what they contain, two levels down.
+
+    Dict keys are not counted (field and tag names are mostly shared between
+    records); shared singletons are skipped. Cheap enough for one record in 64.
+    """
+    size = sys.getsizeof(record)
+    if type(record) not in _CONTAINERS:
+        return size
+    for part in record.values() if type(record) is dict else record:
+        if part is None or part is True or part is False:
+            continue
+        size += sys.getsizeof(part)
+        if type(part) in _CONTAINERS:
+            for leaf in part.values() if type(part) is dict else part:
+                if not (leaf is None or leaf is True or leaf is False):
+                    size += sys.getsizeof(leaf)
+    return size
+
+
+_CONTAINERS = (tuple, list, dict)
 
 
 def jitter_rng() -> random.Random:

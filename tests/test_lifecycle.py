@@ -10,6 +10,7 @@ exactly: nothing lost, nothing sent twice.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -46,27 +47,44 @@ def log_points(logger, who, count):
 """
 
 
-def run_child(tmp_path: Path, body: str, url: str, database: str, env: dict | None = None, **popen) -> subprocess.Popen:
+_started: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_child_left_behind():
+    """Whatever an assertion interrupted, every process a test started (and its children) ends with it."""
+    yield
+    while _started:
+        process = _started.pop()
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def run_child(tmp_path: Path, body: str, url: str, database: str, env: dict | None = None) -> subprocess.Popen:
     script = tmp_path / "child.py"
     script.write_text(HEADER + textwrap.dedent(body))
     child_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     child_env.pop("TELEMETRY_HANDLE_SIGTERM", None)
     child_env.update(env or {})
-    return subprocess.Popen(
+    process = subprocess.Popen(
         [sys.executable, str(script), url, database],
         env=child_env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        **popen,
+        start_new_session=True,  # its own process group, so that a failed test can end its children too
     )
+    _started.append(process)
+    return process
 
 
 def finish(process: subprocess.Popen) -> tuple[int, str, str]:
     try:
         out, err = process.communicate(timeout=DEADLINE)
     except subprocess.TimeoutExpired:
-        process.kill()
+        os.killpg(process.pid, signal.SIGKILL)
         out, err = process.communicate()
         pytest.fail(f"the process did not end within {DEADLINE} s: {err[-2000:]}")
     return process.returncode, out, err
@@ -282,8 +300,8 @@ def test_server_down_at_exit_ends_the_process_and_counts_the_loss(tmp_path, endi
         while True:
             time.sleep(0.05)
     """
-    script_args = {"env": {"TELEMETRY_EXIT_TIMEOUT": "1"}}
-    process = run_child(tmp_path, body.replace("sys.argv[3]", repr(ending)), url, "db", **script_args)
+    env = {"TELEMETRY_EXIT_TIMEOUT": "1"}
+    process = run_child(tmp_path, body.replace("sys.argv[3]", repr(ending)), url, "db", env)
     if ending == "sigterm":
         assert wait_ready(process) == "ready"
         process.send_signal(signal.SIGTERM)
@@ -293,3 +311,43 @@ def test_server_down_at_exit_ends_the_process_and_counts_the_loss(tmp_path, endi
         status, out, err = finish(process)
         assert status == 0, err
         assert out.strip() == "dropped {'shutdown': 3000}"
+
+
+# ---- the memory bound counts records not yet encoded ----------------------------------------
+
+
+def test_records_waiting_to_be_encoded_count_against_max_bytes(influx_db):
+    """With the sender held up, the intake stops at what max_bytes allows and drops its oldest records."""
+    from telemetry_client import BufferSettings, MetricsLogger
+
+    server, database = influx_db
+    max_bytes = 1024 * 1024
+    logger = MetricsLogger(
+        url=server.url,
+        database=database,
+        api_version=1,
+        self_metrics_interval=None,
+        buffer=BufferSettings(max_bytes=max_bytes, batch_bytes=256 * 1024, flush_interval=30.0),
+    )
+    text = "x" * 4096  # each record holds ~4 KiB the engine must account for before encoding it
+    for i in range(256):
+        logger.log("warm", fields={"text": text, "i": i})
+    assert logger.flush(30) == 0  # the sender has measured a sample of these records
+    channel = logger.channel
+    assert 4096 <= channel._record_bytes <= 3 * 4096, channel._record_bytes
+
+    with channel._lock:  # the sender cannot encode: every record stays raw in the intake
+        for i in range(2000):
+            logger.log("held", fields={"text": text + str(i), "i": i})
+        kept = len(channel._intake)
+        assert 0 < kept < 2000
+        assert kept * channel._record_bytes <= max_bytes
+    stats = logger.stats()
+    assert stats["pending_bytes"] <= max_bytes
+    assert stats["dropped_by_reason"] == {"buffer_full": 2000 - kept}
+
+    assert logger.flush(30) == 0
+    rows = server.rows('SELECT min("i"), max("i"), count("i") FROM "held"', database)
+    assert (rows[0]["min"], rows[0]["max"], rows[0]["count"]) == (2000 - kept, 1999, kept)  # the newest survive
+    assert logger.stats()["sent"] == 256 + kept
+    logger.close(1)
