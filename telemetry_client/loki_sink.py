@@ -254,21 +254,18 @@ class LokiSink:
             body.append({"stream": self.labels_by_key[key], "values": values})
         return _encode_sanitized({"streams": body}).encode("utf-8")
 
-    def on_rejected(self, items: Sequence[Item], response: Response) -> Verdict | None:
-        """After a 4xx: Loki stored every entry it did not name; the named ones are refused, with Loki's reason.
+    def _named(self, items: Sequence[Item], text: str) -> tuple[list[Item], list[tuple[Item, str]]] | None:
+        """Split `items` by a Loki answer: (stored, [(refused item, Loki's reason)]); None if it names none of ours.
 
-        Nothing is ever resent: Loki keeps a second copy of an entry it already
-        stored once the stream's head block has moved on. The ingester lists at most
-        ten refused entries of a stream but gives their total; the difference is
-        counted refused too, so the counts stay exact.
+        The ingester lists at most ten refused entries of a stream but gives their
+        total; the difference is taken from the stream's last entries, so the counts
+        are exact (which entries they are is exact only when all are listed).
         """
-        if response.status != 400:
-            return None
-        rejections, totals = parse_answer(response.body.decode("utf-8", "replace"))
+        rejections, totals = parse_answer(text)
         if not rejections and not totals:
-            return None  # a text this client cannot read: counted `rejected` as a whole
+            return None
         stored: list[Item] = []
-        refused: dict[str, int] = {}
+        refused: list[tuple[Item, str]] = []
         refused_by_key: dict[str, int] = {}
         for item in items:
             key, ts, _line, metadata, line_bytes = item[0]
@@ -277,7 +274,7 @@ class LokiSink:
             if rejection is None:
                 stored.append(item)
             else:
-                refused[rejection.reason] = refused.get(rejection.reason, 0) + 1
+                refused.append((item, rejection.reason))
                 refused_by_key[key] = refused_by_key.get(key, 0) + 1
         for total in totals:  # entries refused beyond the ten the ingester lists
             key = next((k for k, labels in self.labels_by_key.items() if same_stream(total.labels, labels)), None)
@@ -286,11 +283,10 @@ class LokiSink:
                 index = next((i for i in range(len(stored) - 1, -1, -1) if stored[i][2] == key), None)
                 if index is None:
                     break
-                stored.pop(index)
-                refused[total.reason] = refused.get(total.reason, 0) + 1
+                refused.append((stored.pop(index), total.reason))
                 missing -= 1
         if not refused:
-            return None  # it named nothing we sent: a text this client cannot read
+            return None
         for rejection in rejections:
             if rejection.line_longer_than is not None and rejection.line_longer_than < self.max_line_bytes:
                 warn.once(
@@ -300,7 +296,38 @@ class LokiSink:
                     rejection.line_longer_than,
                     self.max_line_bytes,
                 )
-        return Verdict(stored=stored, refused=refused)
+        return stored, refused
+
+    def on_rejected(self, items: Sequence[Item], response: Response) -> Verdict | None:
+        """After a 4xx: Loki stored every entry it did not name; the named ones are refused, with Loki's reason.
+
+        Nothing is ever resent: Loki keeps a second copy of an entry it already
+        stored once the stream's head block has moved on.
+        """
+        if response.status != 400:
+            return None
+        named = self._named(items, response.body.decode("utf-8", "replace"))
+        if named is None:
+            return None  # a text this client cannot read, or naming nothing we sent: counted `rejected`
+        stored, refused = named
+        counts: dict[str, int] = {}
+        for _item, reason in refused:
+            counts[reason] = counts.get(reason, 0) + 1
+        return Verdict(stored=stored, refused=counts)
+
+    def on_throttled(self, items: Sequence[Item], response: Response) -> Verdict | None:
+        """After a 429: the entries Loki stored anyway, and the ones to send again.
+
+        With per-stream limits applied entry by entry (`shard_streams` disabled), the
+        ingester stores what fits and answers 429 listing the rest; resending the
+        whole push would store the others twice. A 429 naming no entry (the tenant's
+        limit, or a stream refused whole) stored nothing: None, send it all again.
+        """
+        named = self._named(items, response.body.decode("utf-8", "replace"))
+        if named is None or not named[0]:
+            return None
+        stored, refused = named
+        return Verdict(stored=stored, resend=[item for item, _reason in refused])
 
     def rate_limit(self, response: Response) -> tuple[str, int | None]:
         """Loki's reason and limit (bytes per second) for a 429 answer, for the engine's split-and-retry."""

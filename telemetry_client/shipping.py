@@ -404,6 +404,8 @@ class Channel:
             refill = None
             if response is not None and response.status == TOO_MANY_REQUESTS and batch.items:
                 batch.throttled += 1
+                if self._stored_despite_throttle(batch, response):
+                    return False
                 handled, refill = self._throttled(batch, response)
                 if handled:
                     return False
@@ -474,6 +476,33 @@ class Channel:
         if verdict.resend:
             resend = list(verdict.resend)
             self._seal(_Batch(resend, sum(i[1] for i in resend), batch.created), append=False)
+        return True
+
+    def _stored_despite_throttle(self, batch: _Batch, response: Response) -> bool:
+        """A 429 after which the server kept part of the batch (the sink's `on_throttled` says which).
+
+        The stored items are counted sent; the others are sealed again, first in line,
+        and retried after a short backoff. True when that happened.
+        """
+        describe = getattr(self.sink, "on_throttled", None)
+        verdict = None
+        if describe is not None:
+            try:
+                verdict = describe(batch.items, response)
+            except Exception:
+                warn.warning(f"{self.sink.name}:on_throttled", "%s: on_throttled failed", self.sink.name, exc_info=True)
+        if verdict is None or not verdict.stored:
+            return False
+        self._pop_oldest()
+        self._count_sent(verdict.stored)
+        resend = list(verdict.resend)
+        unaccounted = batch.count - len(verdict.stored) - len(resend)
+        if unaccounted > 0:
+            self._drop("rejected", unaccounted)
+        if resend:
+            again = _Batch(resend, sum(i[1] for i in resend), batch.created, throttled=batch.throttled)
+            self._seal(again, append=False)
+        self._schedule_retry(response, None)
         return True
 
     def _throttled(self, batch: _Batch, response: Response) -> tuple[bool, float | None]:

@@ -309,3 +309,15 @@ def test_an_entry_larger_than_the_burst_is_dropped_and_the_limit_named(handlers,
         stats = exact(receiver, handler, 11)
         assert stats["sent"] == 10 and stats["dropped_by_reason"] == {"rate_limited": 1}
         assert "larger than the 5000 bytes/s it allows" in caplog.text
+
+
+def test_entries_a_stream_limit_refuses_one_by_one_are_sent_again_alone(handlers):
+    limits = Limits(per_stream_rate_bytes=2_000, per_stream_burst_bytes=3_000, rate_limit_whole_stream=False)
+    with LokiReceiver(limits=limits) as receiver:
+        logger, handler = shipping_logger(receiver, handlers, flush_interval=30)
+        log_ids(logger, range(30))  # about 4 KB: what fits the 3 KB burst is stored, the rest refused by name
+        assert handler.flush(30) == 0
+        first = receiver.requests[0]
+        assert first.status == 429 and 0 < first.accepted < 30 and first.refused <= 10
+        stats = exact(receiver, handler, 30)
+        assert stats["sent"] == 30
