@@ -74,3 +74,11 @@ def test_ansible_keeps_the_compose_limits_and_refuses_overrides_below_the_panels
     for name, minimum in checks:
         assert int(minimum) >= need, f"the role accepts {name} down to {minimum}, below {need:.0f}"
         assert int(minimum) <= query_path_limits(config)[name]
+
+
+def test_the_answer_the_compose_loki_could_not_send_now_fits():
+    """Loki answered 500 `trying to send message larger than max (76878820 vs. 67108864)` for 1,000 lines."""
+    observed = 76_878_820
+    config = yaml.safe_load((REPO / "compose/loki/loki.yml").read_text())
+    assert all(observed <= limit for limit in query_path_limits(config).values())
+    assert max(panel_lines()) < 1000  # and the panels ask for fewer lines than then
