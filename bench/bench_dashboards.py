@@ -59,12 +59,12 @@ class Timing:
 TIMEOUT_S = 60.0  # a query still running after this counts as this long, flagged "timeout"
 
 
-def run_query(url: str, database: str, text: str) -> tuple[float, int, int, str]:
+def run_query(url: str, database: str, text: str, timeout: float | None = None) -> tuple[float, int, int, str]:
     """Seconds, response bytes, series (one per field column, as Grafana draws them), error."""
     data = urllib.parse.urlencode({"q": text, "db": database, "epoch": "ms"}).encode()
     start = time.perf_counter()
     try:
-        with urllib.request.urlopen(f"{url}/query", data=data, timeout=TIMEOUT_S) as response:
+        with urllib.request.urlopen(f"{url}/query", data=data, timeout=timeout or TIMEOUT_S) as response:
             body = response.read()
     except TimeoutError:
         return TIMEOUT_S, 0, 0, f"timeout after {TIMEOUT_S:g} s"
@@ -155,9 +155,16 @@ def main(argv: list[str] | None = None) -> int:
         sent = backfill(server.url, args.database, shape, end)
         print(f"backfill: {sent:,} points through MetricsLogger in {time.perf_counter() - start:.0f} s")
         start = time.perf_counter()
-        start_ms = int((end - timedelta(hours=args.hours)).timestamp() * 1000) - 300_000
-        for statement in downsampling.influxql_backfill(args.database, start_ms, int(end.timestamp() * 1000) + 1):
-            server.query(statement, args.database)
+        end_ms = int(end.timestamp() * 1000) + 1
+        hour_ms = 3_600_000
+        chunk_start = int((end - timedelta(hours=args.hours)).timestamp() * 1000) - 300_000
+        while chunk_start < end_ms:  # an hour at a time: each statement stays short
+            chunk_end = min(end_ms, chunk_start + hour_ms)
+            for statement in downsampling.influxql_backfill(args.database, chunk_start, chunk_end):
+                _, _, _, error = run_query(server.url, args.database, statement, timeout=600)
+                if error:
+                    raise RuntimeError(f"{error}: {statement}")
+            chunk_start = chunk_end
         print(f"downsampled copy (what the continuous queries write) filled in {time.perf_counter() - start:.0f} s")
         series = server.rows("SHOW SERIES EXACT CARDINALITY", args.database)
         print(f"series in the database: {sum(r.get('count', 0) for r in series):,}")
