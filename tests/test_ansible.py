@@ -309,7 +309,7 @@ class FakeInfluxDB:
         self.ids = (f"{n:016x}" for n in itertools.count(0x0A00000000000001))
         self.setup_done = False
         self.admin_token = None
-        self.orgs, self.buckets, self.dbrps, self.auths = [], [], [], []
+        self.orgs, self.buckets, self.dbrps, self.auths, self.tasks = [], [], [], [], []
         self.calls: list[tuple[str, str]] = []
 
     def _new_id(self):
@@ -406,7 +406,9 @@ class FakeInfluxDB:
                 found = [
                     d
                     for d in self.dbrps
-                    if d["orgID"] == query["orgID"] and d["database"] == query.get("db", d["database"])
+                    if d["orgID"] == query["orgID"]
+                    and d["database"] == query.get("db", d["database"])
+                    and d["retention_policy"] == query.get("rp", d["retention_policy"])
                 ]
                 return 200, {"content": found}
             if not all(isinstance(body.get(k), str) for k in ("orgID", "bucketID", "database", "retention_policy")):
@@ -429,6 +431,26 @@ class FakeInfluxDB:
             }
             self.auths.append(auth)
             return 201, auth
+        # Tasks (InfluxDB OSS 2 API, tag Tasks: GET /api/v2/tasks filters by orgID and
+        # name; POST takes orgID and flux and reads name and every from the script's
+        # `option task`, 400 without it; PATCH /api/v2/tasks/{taskID} replaces flux).
+        if path == "/api/v2/tasks":
+            if method == "GET":
+                found = [k for k in self.tasks if k["orgID"] == query.get("orgID", k["orgID"])]
+                return 200, {"tasks": [k for k in found if k["name"] == query.get("name", k["name"])], "links": {}}
+            option = re.search(r'option task = \{name: "([^"]+)", every: (\w+)', body.get("flux") or "")
+            if not body.get("orgID") or option is None:
+                return 400, {"code": "invalid", "message": "task must contain an option task statement"}
+            task = {"id": self._new_id(), "orgID": body["orgID"], "name": option.group(1), "every": option.group(2)}
+            task.update(status=body.get("status", "active"), flux=body["flux"])
+            self.tasks.append(task)
+            return 201, task
+        if path.startswith("/api/v2/tasks/") and method == "PATCH":
+            task = next((k for k in self.tasks if k["id"] == path.rsplit("/", 1)[-1]), None)
+            if task is None:
+                return 404, {"code": "not found", "message": "task not found"}
+            task["flux"] = body["flux"]
+            return 200, task
         return 404, {"code": "not found", "message": f"path not found: {path}"}
 
     def _bucket(self, org_id, name, seconds):
@@ -535,23 +557,39 @@ def test_influxdb_api_setup_is_idempotent_and_applies_retention(fake_influxdb, t
     first = _run_influxdb_setup(fake, tmp_path)
     _assert_ok(first)
     assert fake.setup_done
-    [bucket] = fake.buckets
+    bucket, downsampled = fake.buckets
     assert bucket["name"] == "telemetry"
     assert bucket["retentionRules"] == [{"type": "expire", "everySeconds": 30 * 86400}]
-    [dbrp] = fake.dbrps
+    assert downsampled["name"] == "telemetry_downsampled"
+    assert downsampled["retentionRules"] == [{"type": "expire", "everySeconds": 400 * 86400}]
+    dbrp, downsampled_dbrp = fake.dbrps
     assert (dbrp["database"], dbrp["retention_policy"], dbrp["bucketID"], dbrp["default"]) == (
         "telemetry",
         "autogen",
         bucket["id"],
         True,
     )
+    assert (downsampled_dbrp["database"], downsampled_dbrp["retention_policy"], downsampled_dbrp["default"]) == (
+        "telemetry",
+        "downsampled",
+        False,
+    )
+    assert downsampled_dbrp["bucketID"] == downsampled["id"]
+    scripts = sorted((REPO / "grafana/downsampling/tasks").glob("*.flux"))
+    assert sorted(k["name"] for k in fake.tasks) == sorted(f"downsample_{s.stem}" for s in scripts)
+    for task in fake.tasks:
+        assert 'from(bucket: "telemetry")' in task["flux"] and 'to(bucket: "telemetry_downsampled")' in task["flux"]
+        assert task["every"] == "5m" and task["status"] == "active"
     by_description = {a["description"]: a for a in fake.auths}
     write = by_description["telemetry nodes: write telemetry"]
     read = by_description["grafana: read telemetry"]
     assert write["permissions"] == [
         {"action": "write", "resource": {"type": "buckets", "id": bucket["id"], "orgID": bucket["orgID"]}}
     ]
-    assert read["permissions"][0]["action"] == "read"
+    assert read["permissions"] == [
+        {"action": "read", "resource": {"type": "buckets", "id": b["id"], "orgID": bucket["orgID"]}}
+        for b in (bucket, downsampled)
+    ]
     secrets_dir = tmp_path / "influxdb" / "secrets"
     for name, auth in (("node-write.token", write), ("grafana-read.token", read)):
         assert (secrets_dir / name).read_text() == auth["token"]
@@ -562,14 +600,21 @@ def test_influxdb_api_setup_is_idempotent_and_applies_retention(fake_influxdb, t
     _assert_ok(second)
     assert _recap_changed(second.stdout) == {"localhost": 0}, second.stdout[-OUTPUT_TAIL:]
     assert not [c for c in fake.calls if c[0] in ("POST", "PATCH")], fake.calls
-    assert len(fake.auths) == 3 and len(fake.buckets) == 1 and len(fake.dbrps) == 1
+    assert len(fake.auths) == 3 and len(fake.buckets) == 2 and len(fake.dbrps) == 2
+    assert len(fake.tasks) == len(scripts)
 
     # A changed retention period is applied to the existing bucket.
     third = _run_influxdb_setup(fake, tmp_path, influxdb_retention_days=7)
     _assert_ok(third)
     assert ("PATCH", f"/api/v2/buckets/{bucket['id']}") in fake.calls
     assert fake.buckets[0]["retentionRules"] == [{"type": "expire", "everySeconds": 7 * 86400}]
-    assert len(fake.buckets) == 1
+    assert len(fake.buckets) == 2
+
+    # A task whose script changed (an older version of the role) is brought up to date.
+    fake.tasks[0]["flux"] = "option task = {name: \"" + fake.tasks[0]["name"] + "\", every: 1h}\n"
+    _assert_ok(_run_influxdb_setup(fake, tmp_path, influxdb_retention_days=7))
+    assert 'to(bucket: "telemetry_downsampled")' in fake.tasks[0]["flux"]
+    assert len(fake.tasks) == len(scripts)
 
     # A token deleted in InfluxDB is created again and its file updated.
     fake.auths.remove(read)
