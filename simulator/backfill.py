@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
-from telemetry_client.catalog import CATALOG, DELTA_SUFFIX, DROP_REASONS
+from telemetry_client.catalog import CATALOG, DELTA_SUFFIX, DROP_REASONS, SPARSE_DELTAS
 from telemetry_client.metrics import MetricsLogger
 from telemetry_client.shipping import BufferSettings
 
@@ -245,7 +245,8 @@ def _self_metrics_points(shape: FleetShape, rng: random.Random, end_s: int) -> I
                     continue
                 totals[name] += round(delta)
                 fields[name] = totals[name]
-                fields[name + DELTA_SUFFIX] = float(round(delta))
+                if round(delta) or name not in SPARSE_DELTAS:  # as the client writes them
+                    fields[name + DELTA_SUFFIX] = float(round(delta))
             fields["pending"] = float(rng.randint(0, 50))
             fields["pending_bytes"] = fields["pending"] * 200
             yield "telemetry_client", {"sink": sink}, fields, t * ns

@@ -101,6 +101,11 @@ SELF_COUNTERS: tuple[str, ...] = (
     *(f"dropped_{reason}" for reason in DROP_REASONS),
 )
 DELTA_SUFFIX = "_delta"
+# Counters whose delta is written only when it is not zero: each drop reason and
+# truncated lines. Most intervals drop nothing; an absent field costs a query
+# nothing, where a dozen zero fields per point made the by-reason panel slow, and
+# the panel then draws the reasons that happened.
+SPARSE_DELTAS: frozenset[str] = frozenset({"truncated", *(f"dropped_{reason}" for reason in DROP_REASONS)})
 
 
 def _deltas(counters: tuple[str, ...]) -> tuple[Field, ...]:

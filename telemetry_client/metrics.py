@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from telemetry_client import line_protocol as lp
-from telemetry_client.catalog import DELTA_SUFFIX, DROP_REASONS, SELF_COUNTERS
+from telemetry_client.catalog import DELTA_SUFFIX, DROP_REASONS, SELF_COUNTERS, SPARSE_DELTAS
 from telemetry_client.config import influxdb_config
 from telemetry_client.disabled import Counter, disabled_stats
 from telemetry_client.errors import ConfigurationError
@@ -290,7 +290,9 @@ class InfluxSink:
             previous = self._previous_counters.setdefault(channel, {})
             for name in SELF_COUNTERS:
                 if name in fields:
-                    fields[name + DELTA_SUFFIX] = fields[name] - previous.get(name, 0.0)
+                    delta = fields[name] - previous.get(name, 0.0)
+                    if delta or name not in SPARSE_DELTAS:
+                        fields[name + DELTA_SUFFIX] = delta
                     previous[name] = fields[name]
             self.submit((SELF_METRICS_MEASUREMENT, {"sink": stats["sink"]}, fields, ts, False, False))
 

@@ -246,11 +246,16 @@ def test_self_metrics_carry_the_growth_since_the_previous_point(server):
     logger.close(1)
     assert first["queued_delta"] == first["queued"] >= 3
     for before, after in itertools.pairwise(points):
-        for name in ("queued", "sent", "batches", "bytes_sent", "dropped", "dropped_non_finite"):
+        for name in ("queued", "sent", "batches", "bytes_sent", "dropped"):
             assert after[f"{name}_delta"] == after[name] - before[name], (name, before, after)
+        # A drop reason's delta is written only for an interval that dropped something.
+        grew = after["dropped_non_finite"] - before["dropped_non_finite"]
+        assert after.get("dropped_non_finite_delta", 0) == grew, (before, after)
+        assert ("dropped_non_finite_delta" in after) == (grew != 0)
     # The deltas add up to the cumulative count (which includes earlier self-metrics points).
     assert sum(p["queued_delta"] for p in points) == points[-1]["queued"] >= 6
-    assert sum(p["dropped_non_finite_delta"] for p in points) == 1
+    assert sum(p.get("dropped_non_finite_delta", 0) for p in points) == 1
+    assert all("dropped_expired_delta" not in p for p in points)
 
 
 def test_self_metrics_are_written(server):
