@@ -600,11 +600,12 @@ class LokiReceiver:
                 )
                 for _, stream, kept in valid:
                     state.refused.extend((stream, ts, "rate_limited") for ts, _, _ in kept)
-                answer = (429, message + "\n", {})  # no Retry-After header (pkg/distributor/http.go)
+                # pkg/distributor/distributor.go (3.x): httpgrpc.Errorf(http.StatusTooManyRequests, ...), no header.
+                answer = (429, message + "\n", {})
             elif valid:
                 ingester_error: tuple[int, str, dict] | None = None
                 for labels, stream, kept in valid:
-                    # pkg/ingester/instance.go: `_, appendErr = s.Push(...)`: the last stream's result wins.
+                    # pkg/ingester/instance.go (3.x): `_, appendErr = s.Push(...)`: the last stream's result wins.
                     ingester_error = self._push_stream(labels, stream, kept, tenant, accepted)
                 if ingester_error is not None:
                     answer = ingester_error
