@@ -179,6 +179,7 @@ def test_spawn_and_forkserver_children_with_their_own_logger_deliver(influx_db, 
     body = f"""
     def work(k):
         logger = make_logger()
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # multiprocessing's terminate() needs it
         log_points(logger, f"child{{k}}", 1500)
 
     if __name__ == "__main__":
