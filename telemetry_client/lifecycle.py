@@ -77,7 +77,7 @@ def install_exit_hooks(drain: Drain) -> None:
     global _drain
     _drain = drain
     atexit.register(_drain_at_exit)
-    os.register_at_fork(before=_before_fork)
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
     if "multiprocessing.util" in sys.modules:
         _register_multiprocessing_finalizer()
 
@@ -86,6 +86,13 @@ def _drain_at_exit() -> None:
     if _drain is not None:
         with contextlib.suppress(Exception):  # the process is ending; the drain logs its own problems
             _drain(None)
+
+
+def _after_fork_in_child() -> None:
+    """The child's main thread is the one that forked: it is in no engine call, and drains nothing yet."""
+    global _draining
+    _EngineSection.depth = 0
+    _draining = threading.Event()
 
 
 def _before_fork() -> None:
