@@ -1,0 +1,252 @@
+"""What one host of each metrics store takes: InfluxDB 1.6.7 and VictoriaMetrics side by side.
+
+Starts Debian's real `influxd` (1.6.7, `/write`) and `victoria-metrics` (InfluxDB
+`/api/v2/write`) on loopback, plus the Loki conformance receiver for the log
+lines, and floods each with the simulator's default fleet (32 miners, 4
+validators, an aggregator and an evaluator, in worker processes) at a ladder of
+target rates. A step passes when the fleet sustained 95% of the target, the
+clients dropped nothing, and the store holds exactly what the clients counted as
+delivered (InfluxDB: InfluxQL count per measurement; VictoriaMetrics: samples of
+the measurement's fields, `measurement_field` series, per measurement).
+
+Per store it prints the store's own CPU per 10,000 points/s and its memory, the
+series the fleet created (InfluxDB series keys; VictoriaMetrics series, one per
+numeric field), and the per-node figures of the capacity model in
+docs/scaling.md: points/s, series and log bytes/s per node of each role.
+
+The fleet shares the machine's cores with the store: on a 2-core machine the
+fleet's own CPU, not the store, sets the highest rate (bench_flood.py).
+
+    python bench/bench_stores.py                      # 5k, 10k, 20k points/s, 8 s each, both stores
+    python bench/bench_stores.py --steps 2000 --seconds 5 --store victoria
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import psutil  # noqa: E402
+
+from simulator import dashboards as dash  # noqa: E402
+from simulator import fleet as fl  # noqa: E402
+from simulator import load  # noqa: E402
+from simulator import report as rp  # noqa: E402
+from simulator import validate as vd  # noqa: E402
+from telemetry_client import catalog  # noqa: E402
+
+FLEET = {"miner": 32, "validator": 4, "aggregator": 1, "evaluator": 1}
+
+
+@dataclass
+class Step:
+    store: str
+    target_points: float
+    points_per_sec: float = 0.0
+    lines_per_sec: float = 0.0
+    points_sent: int = 0
+    points_stored: int = 0
+    client_drops: int = 0
+    store_cpu: float = 0.0
+    store_rss_mib: float = 0.0
+    load_seconds: float = 0.0
+    series: int = 0
+    series_by_role: dict | None = None
+    points_by_role: dict | None = None
+    log_bytes: int = 0
+    lines_sent: int = 0
+    verdict: str = ""
+
+
+def _process(name: str) -> psutil.Process | None:
+    for child in psutil.Process().children(recursive=True):
+        if child.name().startswith(name):
+            return child
+    return None
+
+
+def _cpu(process: psutil.Process | None) -> float:
+    if process is None:
+        return 0.0
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+def _get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=60) as response:
+        return json.loads(response.read())
+
+
+def _victoria_counts(url: str, run_id: str, window: dash.TimeRange, keys) -> dict[str, int]:
+    """Points per measurement: the largest sample count among its numeric fields' series."""
+    with urllib.request.urlopen(f"{url}/internal/force_flush", timeout=60):
+        pass
+    seconds = max(1, (window.end_ms - window.start_ms) // 1000)
+    counts = {}
+    for name in keys:
+        measurement = next((m for m in catalog.MEASUREMENTS if m.name == name), None)
+        fields = [f.name for f in measurement.fields if f.kind == "float"] if measurement else []
+        names = "|".join(f"{name}_{field}" for field in fields) or f"{name}_.*"
+        expr = (
+            f'max(sum by (__name__) (count_over_time({{__name__=~"{names}", runtime_id=~"{run_id}-.*"}}'
+            f"[{seconds}s]) keep_metric_names))"
+        )
+        query = urllib.parse.urlencode({"query": expr, "time": f"{window.end_ms / 1000:.3f}"})
+        result = _get_json(f"{url}/api/v1/query?{query}")["data"]["result"]
+        counts[name] = int(float(result[0]["value"][1])) if result else 0
+    return counts
+
+
+def _influx_series(influx: vd.InfluxQL, run_id: str) -> Counter:
+    results = influx.query(f'SHOW SERIES WHERE "runtime_id" =~ /^{dash.influx_regex_escape(run_id)}-/')
+    roles: Counter = Counter()
+    for result in results:
+        for series in result.get("series") or []:
+            for (key,) in series.get("values") or []:
+                role = next((part.split("=", 1)[1] for part in key.split(",") if part.startswith("role=")), "?")
+                roles[role] += 1
+    return roles
+
+
+def _victoria_series(url: str, run_id: str, window: dash.TimeRange) -> Counter:
+    query = urllib.parse.urlencode(
+        {
+            "query": f'count by (role) ({{runtime_id=~"{run_id}-.*"}})',
+            "time": f"{window.end_ms / 1000:.3f}",
+        }
+    )
+    result = _get_json(f"{url}/api/v1/query?{query}")["data"]["result"]
+    return Counter({r["metric"].get("role", "?"): int(float(r["value"][1])) for r in result})
+
+
+def run_step(step: Step, seconds: float, processes: int, server, receiver, index: int) -> Step:
+    run = fl.RunIdentity(f"cap-{step.store}-{os.getpid()}-{index}", "capnet", seed=index)
+    specs = fl.build_specs(FLEET, run.seed)
+    plan = fl.plan_for(specs, step.target_points, window_seconds=2.0, duration=seconds)
+    if step.store == "influxdb":
+        targets = fl.Targets(influx_url=server.url, database="bench", api_version=1, loki_url=receiver.base_url)
+        process = _process("influxd")
+    else:
+        targets = fl.Targets(
+            influx_url=server.url,
+            database="bench",
+            api_version=2,
+            token="not-checked",
+            org="o",
+            loki_url=receiver.base_url,
+        )
+        process = _process("victoria-metrics")
+    settings = load.LoadSettings(step.target_points, step.target_points / 10, seconds, ramp=1.0, processes=processes)
+    cpu_before = _cpu(process)
+    fleet = load.run_fleet(specs, run, plan, targets, settings)
+    step.store_cpu = _cpu(process) - cpu_before
+    step.store_rss_mib = process.memory_info().rss / 2**20 if process else 0.0
+    step.load_seconds = fleet.load_seconds
+    ramp_share = load.target_count(step.target_points, 1.0, 1.0)
+    step.points_per_sec = max(0.0, fleet.points_logged - ramp_share) / max(0.001, fleet.load_seconds - 1.0)
+    step.lines_per_sec = fleet.lines_logged / max(0.001, fleet.load_seconds)
+    window = dash.TimeRange(
+        datetime.fromtimestamp(fleet.started_ns / 1e9, UTC) - timedelta(minutes=1),
+        datetime.fromtimestamp(fleet.ended_ns / 1e9, UTC) + timedelta(minutes=1),
+    )
+    sent = fleet.metrics["sent_by_key"]
+    if step.store == "influxdb":
+        influx = vd.InfluxQL(server.url, "bench")
+        rows = vd.account("influxdb", sent, lambda keys: vd.influx_counts(influx, run.run_id, window, keys), settle=5)
+        by_role = _influx_series(influx, run.run_id)
+    else:
+        rows = vd.account(
+            "victoria", sent, lambda keys: _victoria_counts(server.url, run.run_id, window, keys), settle=5
+        )
+        by_role = _victoria_series(server.url, run.run_id, window)
+    step.points_sent = sum(sent.values())
+    step.points_stored = sum(row.stored or 0 for row in rows)
+    step.series_by_role = dict(by_role)
+    step.series = sum(by_role.values())
+    mine = [e for e in receiver.entries if e.json().get("run_id") == run.run_id]
+    step.lines_sent = int(fleet.logs.get("sent", 0))
+    step.log_bytes = sum(len(e.line.encode()) for e in mine)
+    step.client_drops = sum(sum(reasons.values()) for reasons in rp.client_drops(fleet).values())
+    problems = []
+    if fleet.errors:
+        problems.append("fleet error: " + fleet.errors[0].splitlines()[-1])
+    if step.client_drops:
+        problems.append(f"clients dropped {step.client_drops}")
+    if step.points_stored != step.points_sent:
+        lost = {row.key: (row.sent, row.stored) for row in rows if row.sent != row.stored}
+        problems.append(f"stored {step.points_stored} != sent {step.points_sent}: {lost}")
+    if step.points_per_sec < 0.95 * step.target_points:
+        problems.append("target rate not sustained")
+    step.verdict = "; ".join(problems) or "ok"
+    return step
+
+
+def _per_node(step: Step) -> str:
+    seconds = max(0.001, step.load_seconds)
+    parts = []
+    for role, count in FLEET.items():
+        series = (step.series_by_role or {}).get(role, 0) / count
+        parts.append(f"{role} {series:.0f}")
+    nodes = sum(FLEET.values())
+    return (
+        f"per node: {step.points_per_sec / nodes:.1f} points/s, {step.log_bytes / seconds / nodes:,.0f} log B/s "
+        f"({step.log_bytes / max(1, step.lines_sent):.0f} B/line); series per node: " + ", ".join(parts)
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=float, nargs="+", default=[5000, 10000, 20000], help="target points/s")
+    parser.add_argument("--seconds", type=float, default=8.0, help="seconds of load per step (default: 8)")
+    parser.add_argument("--processes", type=int, default=2, help="fleet worker processes (default: 2)")
+    parser.add_argument("--store", choices=["influxdb", "victoria"], action="append", help="default: both")
+    args = parser.parse_args()
+    from loki_receiver import LokiReceiver
+    from servers import influxdb_v1, victoria_metrics
+
+    print(f"machine: {os.cpu_count()} cores; fleet: {sum(FLEET.values())} nodes in {args.processes} processes")
+    header = (
+        f"{'store':>9} {'target':>7} {'pts/s':>7} {'sent/stored':>21} {'store CPU':>9} "
+        f"{'cores/10k':>9} {'RSS MiB':>7} {'series':>6}  verdict"
+    )
+    for store in args.store or ["influxdb", "victoria"]:
+        context = influxdb_v1() if store == "influxdb" else victoria_metrics()
+        with context as server, LokiReceiver() as receiver:
+            if store == "influxdb":
+                server.create_database("bench")
+            print(header)
+            best = None
+            for index, rate in enumerate(args.steps):
+                step = run_step(Step(store, rate), args.seconds, args.processes, server, receiver, index)
+                cores = step.store_cpu / max(0.001, step.load_seconds)
+                per_10k = cores / (step.points_per_sec / 10000) if step.points_per_sec else 0.0
+                print(
+                    f"{store:>9} {rate:>7,.0f} {step.points_per_sec:>7,.0f} "
+                    f"{step.points_sent:>10,}/{step.points_stored:<10,} {step.store_cpu:>8.1f}s "
+                    f"{per_10k:>9.3f} {step.store_rss_mib:>7.0f} {step.series:>6}  {step.verdict}",
+                    flush=True,
+                )
+                if step.verdict != "ok":
+                    break
+                best = step
+            if best:
+                print(f"  {store}: highest zero-loss step {best.points_per_sec:,.0f} points/s; {_per_node(best)}")
+        time.sleep(1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
