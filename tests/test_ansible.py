@@ -579,7 +579,7 @@ def test_influxdb_api_setup_is_idempotent_and_applies_retention(fake_influxdb, t
     assert sorted(k["name"] for k in fake.tasks) == sorted(f"downsample_{s.stem}" for s in scripts)
     for task in fake.tasks:
         assert 'from(bucket: "telemetry")' in task["flux"] and 'to(bucket: "telemetry_downsampled")' in task["flux"]
-        assert task["every"] == "5m" and task["status"] == "active"
+        assert task["every"] == "1m" and task["status"] == "active"
     by_description = {a["description"]: a for a in fake.auths}
     write = by_description["telemetry nodes: write telemetry"]
     read = by_description["grafana: read telemetry"]

@@ -81,7 +81,7 @@ def raw_range_variable() -> Json:
     "always" is for a server without the copy (InfluxDB 3.x) or for every point of
     a long range, at the cost of a slower dashboard.
     """
-    options = [("1 day", str(LONG_RANGE_MS)), ("always", str(ALWAYS_RAW_MS))]
+    options = [("6 hours", str(LONG_RANGE_MS)), ("1 day", str(4 * LONG_RANGE_MS)), ("always", str(ALWAYS_RAW_MS))]
     return {
         "name": "raw_up_to_ms",
         "label": "Raw data up to",

@@ -2,7 +2,7 @@
 # Runs once, inside the InfluxDB container, after the image's automatic setup and
 # before 10-tokens.sh (which gives Grafana's read token this bucket too).
 #
-# Why: dashboards read time ranges longer than a day from a downsampled copy (one
+# Why: dashboards read time ranges over six hours from a downsampled copy (one
 # point per 5 minutes per series), which stays fast over weeks and is kept longer
 # than the raw data. This creates the copy's bucket with its own retention, the
 # DBRP mapping through which InfluxQL reaches it (database = the raw bucket's
