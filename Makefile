@@ -29,6 +29,7 @@ bench:
 	$(PYTHON) bench/bench_loki_delivery.py
 	$(PYTHON) bench/bench_flood.py
 	$(PYTHON) bench/bench_stores.py
+	$(PYTHON) bench/bench_dashboards.py
 
 # Flood the local stack with a simulated network and check every dashboard through
 # Grafana (docs/simulator.md). Needs `make up`. More flags: make simulate SIMULATE_ARGS="--duration 120"
