@@ -1,4 +1,4 @@
-.PHONY: setup test lint bench simulate doctor up down logs ps clean
+.PHONY: setup test lint bench simulate doctor up down logs ps clean backup restore
 
 PYTHON ?= python3
 
@@ -70,6 +70,15 @@ logs:
 
 ps:
 	@$(STACK) ps
+
+# A consistent backup of InfluxDB, Grafana and Loki into compose/backups/<stamp>/,
+# keeping the newest 7 (make backup BACKUP_KEEP=14); make restore puts the newest
+# back (make restore BACKUP=<stamp>). See docs/local-stack.md.
+backup:
+	@BACKUP_KEEP=$(BACKUP_KEEP) $(STACK) backup
+
+restore:
+	@BACKUP=$(BACKUP) $(STACK) restore
 
 # Keeps the data unless asked: make clean VOLUMES=1
 clean:

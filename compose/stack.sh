@@ -15,6 +15,9 @@ env_file="${STACK_ENV_FILE:-${here}/.env}"
 node_env_file="${STACK_NODE_ENV_FILE:-${here}/node.env}"
 secrets_dir="${STACK_SECRETS_DIR:-${here}/secrets}"
 export STACK_SECRETS_DIR="${secrets_dir}"
+backups_dir="${STACK_BACKUP_DIR:-${here}/backups}"
+backup_keep="${BACKUP_KEEP:-7}"
+backup_tool="${here}/backup/telemetry_backup.py"
 project="${COMPOSE_PROJECT_NAME:-telemetry}"
 timeout_s="${STACK_TIMEOUT:-240}"
 services=(influxdb loki grafana)
@@ -50,7 +53,7 @@ load_versions() {
   . "${versions_file}"
   set +a
   local name
-  for name in INFLUXDB_IMAGE LOKI_IMAGE GRAFANA_IMAGE; do
+  for name in INFLUXDB_IMAGE LOKI_IMAGE GRAFANA_IMAGE PYTHON_IMAGE; do
     [ -n "${!name:-}" ] || die "${versions_file} does not set ${name}."
     case "${!name}" in
       *:latest) die "${versions_file}: ${name} must pin a version, not 'latest'." ;;
@@ -293,6 +296,120 @@ cmd_clean() {
   fi
 }
 
+container_of() {
+  local id
+  id="$(compose ps -q "$1" 2>/dev/null || true)"
+  [ -n "${id}" ] || die "The ${1} container does not exist: run 'make up' first."
+  printf '%s' "${id}"
+}
+
+# Runs the backup tool in a throw-away Python container next to a service's
+# volumes (--volumes-from), as root so that it may read the service's files, with
+# no network and no capability beyond reading, writing and handing files over.
+# $1: service, $2: the backup set directory (mounted at /backup), then the tool's arguments.
+backup_helper() {
+  local service="$1" set_dir="$2"
+  shift 2
+  docker run --rm --network none --volumes-from "$(container_of "${service}")" \
+    --user 0:0 --cap-drop ALL --cap-add CHOWN --cap-add DAC_OVERRIDE --cap-add FOWNER \
+    --security-opt no-new-privileges:true \
+    --volume "${backup_tool}:/usr/local/bin/telemetry_backup.py:ro" --volume "${set_dir}:/backup" \
+    "${PYTHON_IMAGE}" python /usr/local/bin/telemetry_backup.py "$@"
+}
+
+# A consistent copy of each service, each with its own online backup:
+#   InfluxDB  its backup API (`influx backup`, run in its container)
+#   Grafana   SQLite's online backup API on grafana.db
+#   Loki      POST /flush, then a snapshot of its store (chunks, index and WAL)
+# into compose/backups/<UTC stamp>/, keeping the newest BACKUP_KEEP sets.
+cmd_backup() {
+  require_engine
+  load_versions
+  [ -f "${env_file}" ] || die "${env_file} does not exist: the stack was never started here."
+  local stamp set_dir influxdb loki owner
+  stamp="$(date -u +%Y%m%dT%H%M%SZ)"
+  set_dir="${backups_dir}/${stamp}"
+  owner="$(id -u):$(id -g)"
+  (umask 077 && mkdir -p "${set_dir}.partial")
+  chmod 0700 "${backups_dir}"
+  influxdb="$(container_of influxdb)"
+  loki="$(container_of loki)"
+
+  echo "InfluxDB: influx backup (its backup API)..."
+  docker exec "${influxdb}" rm -rf /tmp/telemetry-backup
+  docker exec "${influxdb}" influx backup /tmp/telemetry-backup >/dev/null
+  docker cp "${influxdb}:/tmp/telemetry-backup" "${set_dir}.partial/influxdb" >/dev/null
+  docker exec "${influxdb}" rm -rf /tmp/telemetry-backup
+
+  echo "Grafana: SQLite online backup of grafana.db..."
+  backup_helper grafana "${set_dir}.partial" sqlite-backup /var/lib/grafana/grafana.db /backup/grafana.db --owner "${owner}"
+
+  echo "Loki: flush, then a snapshot of its store..."
+  docker run --rm --network "container:${loki}" --user 65534:65534 --cap-drop ALL \
+    --security-opt no-new-privileges:true \
+    --volume "${backup_tool}:/usr/local/bin/telemetry_backup.py:ro" \
+    "${PYTHON_IMAGE}" python /usr/local/bin/telemetry_backup.py flush http://127.0.0.1:3100
+  backup_helper loki "${set_dir}.partial" snapshot /loki /backup/loki.tar.gz --owner "${owner}"
+
+  cat >"${set_dir}.partial/MANIFEST" <<TXT
+stamp=${stamp}
+INFLUXDB_IMAGE=${INFLUXDB_IMAGE}
+LOKI_IMAGE=${LOKI_IMAGE}
+GRAFANA_IMAGE=${GRAFANA_IMAGE}
+TXT
+  mv "${set_dir}.partial" "${set_dir}"
+  echo "Backup written to ${set_dir}."
+  prune_backups
+}
+
+# The tested pruning of the backup tool: only <UTC stamp> directories are touched.
+prune_backups() {
+  docker run --rm --network none --user "$(id -u):$(id -g)" --cap-drop ALL \
+    --security-opt no-new-privileges:true \
+    --volume "${backup_tool}:/usr/local/bin/telemetry_backup.py:ro" --volume "${backups_dir}:/backups" \
+    "${PYTHON_IMAGE}" python /usr/local/bin/telemetry_backup.py prune /backups --keep "${backup_keep}"
+}
+
+# Puts a backup set back (BACKUP=<stamp or directory>, the newest by default).
+# InfluxDB restores online (`influx restore --full`); Grafana and Loki are
+# stopped while their files are replaced, then started and waited for.
+cmd_restore() {
+  require_engine
+  load_versions
+  [ -f "${env_file}" ] || die "${env_file} does not exist: the stack was never started here."
+  local set_dir="${BACKUP:-}" influxdb image name
+  if [ -z "${set_dir}" ]; then
+    set_dir="$(find "${backups_dir}" -mindepth 1 -maxdepth 1 -type d -regextype posix-extended \
+      -regex '.*/[0-9]{8}T[0-9]{6}Z' 2>/dev/null | sort | tail -n 1 || true)"
+    [ -n "${set_dir}" ] || die "No backup in ${backups_dir}: run 'make backup' first."
+  elif [ ! -d "${set_dir}" ]; then
+    set_dir="${backups_dir}/${set_dir}"
+  fi
+  for name in influxdb grafana.db loki.tar.gz MANIFEST; do
+    [ -e "${set_dir}/${name}" ] || die "${set_dir} is not a complete backup: ${name} is missing."
+  done
+  # Grafana migrates its database forward only: restore with the images it was taken with.
+  for name in INFLUXDB_IMAGE LOKI_IMAGE GRAFANA_IMAGE; do
+    image="$(grep -E "^${name}=" "${set_dir}/MANIFEST" | cut -d= -f2-)"
+    [ "${image}" = "${!name}" ] || die "${set_dir} was taken with ${name}=${image}, but versions.env pins ${!name}: pin the backup's versions first (see docs/deployment.md, Backups and upgrades)."
+  done
+  echo "Restoring ${set_dir}."
+  influxdb="$(container_of influxdb)"
+  docker exec "${influxdb}" rm -rf /tmp/telemetry-restore
+  docker cp "${set_dir}/influxdb" "${influxdb}:/tmp/telemetry-restore" >/dev/null
+  docker exec "${influxdb}" influx restore --full /tmp/telemetry-restore >/dev/null
+  docker exec "${influxdb}" rm -rf /tmp/telemetry-restore
+  echo "InfluxDB restored."
+
+  compose stop grafana >/dev/null
+  backup_helper grafana "${set_dir}" sqlite-restore /backup/grafana.db /var/lib/grafana/grafana.db --owner 472:0
+  compose stop loki >/dev/null
+  backup_helper loki "${set_dir}" restore-snapshot /backup/loki.tar.gz /loki --owner 10001:10001
+  compose start loki grafana >/dev/null
+  wait_healthy
+  echo "Restored ${set_dir}."
+}
+
 main() {
   local command="${1:-}"
   shift || true
@@ -303,7 +420,9 @@ main() {
     logs) cmd_logs "$@" ;;
     ps) cmd_ps ;;
     clean) cmd_clean ;;
-    *) die "usage: $0 up|down|logs [service]|ps|clean (VOLUMES=1 to delete the data)|env (only write compose/.env)" ;;
+    backup) cmd_backup ;;
+    restore) cmd_restore ;;
+    *) die "usage: $0 up|down|logs [service]|ps|clean (VOLUMES=1 to delete the data)|backup (BACKUP_KEEP=7)|restore (BACKUP=<stamp>)|env (only write compose/.env)" ;;
   esac
 }
 

@@ -126,9 +126,11 @@ def mounts(service: dict[str, Any]) -> list[tuple[str, str]]:
 
 def test_versions_env_pins_current_majors_never_latest() -> None:
     pinned = versions()
-    assert set(pinned) == {"INFLUXDB_IMAGE", "LOKI_IMAGE", "GRAFANA_IMAGE", "CADDY_IMAGE"}
+    assert set(pinned) == {"INFLUXDB_IMAGE", "LOKI_IMAGE", "GRAFANA_IMAGE", "CADDY_IMAGE", "PYTHON_IMAGE"}
     for image in pinned.values():
-        assert not image.endswith(":latest") and re.search(r":\d+\.\d+\.\d+$", image), image
+        assert not image.endswith(":latest") and re.search(r":\d+\.\d+\.\d+(-alpine)?$", image), image
+    # The backup helper of make backup / make restore (compose/stack.sh).
+    assert pinned["PYTHON_IMAGE"].startswith("python:3.")
     assert pinned["INFLUXDB_IMAGE"].startswith("influxdb:2.")
     assert pinned["LOKI_IMAGE"].startswith("grafana/loki:3.")
     assert pinned["GRAFANA_IMAGE"].startswith("grafana/grafana:13.")
@@ -397,13 +399,70 @@ def stack(*args: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess
     )
 
 
-def test_make_up_without_an_engine_says_what_is_missing(tmp_path: Path) -> None:
-    result = stack("up", tmp_path=tmp_path, DOCKER_HOST=f"unix://{tmp_path}/no-engine.sock")
+@pytest.mark.parametrize("command", ["up", "backup", "restore"])
+def test_make_up_without_an_engine_says_what_is_missing(tmp_path: Path, command: str) -> None:
+    result = stack(command, tmp_path=tmp_path, DOCKER_HOST=f"unix://{tmp_path}/no-engine.sock")
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Docker engine" in lines[0] and "install" in lines[0], lines
     assert "Traceback" not in result.stderr + result.stdout
     assert not (tmp_path / "stack.env").exists()
+    assert not (tmp_path / "backups").exists()
+
+
+FAKE_DOCKER = """#!/bin/sh
+# An engine that answers `docker info` and `docker compose version`, and records
+# every other call: restore must refuse before it asks the engine to change anything.
+echo "$*" >>"$CALLS"
+exit 0
+"""
+
+
+def fake_engine(tmp_path: Path) -> dict[str, str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(FAKE_DOCKER)
+    (bin_dir / "docker").chmod(0o755)
+    (tmp_path / "stack.env").write_text("BIND_ADDRESS=127.0.0.1\n")
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(tmp_path / "calls")}
+
+
+def backup_set(tmp_path: Path, **images: str) -> Path:
+    pinned = {k: versions()[k] for k in ("INFLUXDB_IMAGE", "LOKI_IMAGE", "GRAFANA_IMAGE")}
+    pinned.update(images)
+    directory = tmp_path / "backups" / "20261130T030000Z"
+    (directory / "influxdb").mkdir(parents=True)
+    (directory / "grafana.db").write_bytes(b"")
+    (directory / "loki.tar.gz").write_bytes(b"")
+    (directory / "MANIFEST").write_text("".join(f"{k}={v}\n" for k, v in pinned.items()))
+    return directory
+
+
+def changing_calls(tmp_path: Path) -> list[str]:
+    calls = (tmp_path / "calls").read_text().splitlines() if (tmp_path / "calls").exists() else []
+    return [c for c in calls if not c.startswith(("info", "compose version"))]
+
+
+def test_restore_refuses_a_backup_of_other_image_versions(tmp_path: Path) -> None:
+    env = fake_engine(tmp_path)
+    backup_set(tmp_path, GRAFANA_IMAGE="grafana/grafana:12.4.0")
+    result = stack("restore", tmp_path=tmp_path, STACK_BACKUP_DIR=str(tmp_path / "backups"), **env)
+    assert result.returncode != 0
+    assert "was taken with GRAFANA_IMAGE=grafana/grafana:12.4.0" in result.stderr
+    assert changing_calls(tmp_path) == []
+
+
+def test_restore_refuses_an_incomplete_or_missing_backup(tmp_path: Path) -> None:
+    env = fake_engine(tmp_path)
+    none = stack("restore", tmp_path=tmp_path, STACK_BACKUP_DIR=str(tmp_path / "backups"), **env)
+    assert none.returncode != 0 and "run 'make backup' first" in none.stderr
+    directory = backup_set(tmp_path)
+    (directory / "loki.tar.gz").unlink()
+    result = stack(
+        "restore", tmp_path=tmp_path, STACK_BACKUP_DIR=str(tmp_path / "backups"), BACKUP=directory.name, **env
+    )
+    assert result.returncode != 0 and "loki.tar.gz is missing" in result.stderr
+    assert changing_calls(tmp_path) == []
 
 
 def test_make_up_without_docker_installed_says_so(tmp_path: Path) -> None:
@@ -539,6 +598,24 @@ def test_make_up_brings_every_service_up_healthy(tmp_path: Path) -> None:
         assert http_status(f"{base}:{ports['GRAFANA_PORT']}/api/search")[0] == 401
         node_env = (tmp_path / "node").read_text()
         assert "INFLUXDB_TOKEN=" in node_env
+
+        # make backup, then the restore drill of docs/local-stack.md.
+        backups = tmp_path / "backups"
+        backup_env = clean_env(**make_env, STACK_BACKUP_DIR=str(backups), BACKUP_KEEP="1")
+        for _ in range(2):
+            made = subprocess.run(
+                [make, "-C", str(ROOT), "backup"], capture_output=True, text=True, env=backup_env, timeout=600
+            )
+            assert made.returncode == 0, made.stdout + made.stderr
+        [backup] = list(backups.iterdir())  # BACKUP_KEEP=1 pruned the first one
+        assert (backup / "influxdb").is_dir() and any((backup / "influxdb").iterdir())
+        assert (backup / "grafana.db").stat().st_size > 0 and (backup / "loki.tar.gz").stat().st_size > 0
+        restored = subprocess.run(
+            [make, "-C", str(ROOT), "restore"], capture_output=True, text=True, env=backup_env, timeout=600
+        )
+        assert restored.returncode == 0, restored.stdout + restored.stderr
+        status, body = http_status(f"{base}:{ports['GRAFANA_PORT']}/api/datasources/uid/influxdb/health", auth)
+        assert status == 200, body
     finally:
         subprocess.run(
             [make, "-C", str(ROOT), "clean", "VOLUMES=1"],

@@ -213,20 +213,30 @@ def _owner(text: str) -> tuple[int, int]:
     return int(uid), int(gid or uid)
 
 
+def _give(path: Path, owner: tuple[int, int] | None) -> None:
+    if owner is not None:
+        os.chown(path, *owner)
+        if path.parent.name and STAMP.match(path.parent.name):
+            os.chown(path.parent, *owner)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
+    owner_help = "UID:GID to give the written files (when run as root in a helper container)"
     for name in ("sqlite-backup", "sqlite-restore"):
         command = commands.add_parser(name)
         command.add_argument("source", type=Path)
         command.add_argument("destination", type=Path)
+        command.add_argument("--owner", type=_owner, help=owner_help)
     command = commands.add_parser("snapshot")
     command.add_argument("directory", type=Path)
     command.add_argument("archive", type=Path)
+    command.add_argument("--owner", type=_owner, help=owner_help)
     command = commands.add_parser("restore-snapshot")
     command.add_argument("archive", type=Path)
     command.add_argument("directory", type=Path)
-    command.add_argument("--owner", type=_owner, help="UID:GID to give the restored files")
+    command.add_argument("--owner", type=_owner, help=owner_help)
     command = commands.add_parser("flush")
     command.add_argument("url")
     command = commands.add_parser("prune")
@@ -238,12 +248,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "sqlite-backup":
             sqlite_backup(args.source, args.destination)
+            _give(args.destination, args.owner)
             print(f"backed up {args.source} to {args.destination}")
         elif args.command == "sqlite-restore":
             sqlite_restore(args.source, args.destination)
+            _give(args.destination, args.owner)
             print(f"restored {args.destination} from {args.source}")
         elif args.command == "snapshot":
             archived, vanished = snapshot(args.directory, args.archive)
+            _give(args.archive, args.owner)
             print(f"archived {archived} files of {args.directory} to {args.archive} ({vanished} vanished meanwhile)")
         elif args.command == "restore-snapshot":
             count = restore_snapshot(args.archive, args.directory, args.owner)
