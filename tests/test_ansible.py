@@ -107,14 +107,40 @@ def test_syntax_check(inventory):
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("role", ROLES)
-def test_molecule_default_scenario(role):
-    result = _run(["molecule", "test", "-s", "default"], cwd=ROLES_DIR / role)
+def test_molecule_default_scenario(role, tmp_path):
+    # molecule.yml generates the test secrets here, so that they can be looked for;
+    # check-mode runs mark their plays and tasks with [CHECK MODE].
+    # Its own ephemeral directory: molecule derives the default one from the role's
+    # name alone, so two checkouts testing the same role at once would share it.
+    secrets_dir = tmp_path / "secrets"
+    env = {
+        **_env(),
+        "MOLECULE_EPHEMERAL_DIRECTORY": str(tmp_path / "molecule"),
+        "TELEMETRY_TEST_SECRETS_DIR": str(secrets_dir),
+        "ANSIBLE_CHECK_MODE_MARKERS": "1",
+    }
+    result = _run(["molecule", "test", "-s", "default"], cwd=ROLES_DIR / role, env=env)
     _assert_ok(result)
     output = result.stdout + result.stderr
     # The sequence really converged twice and verified.
     assert re.search(r"idempotence.*Executed: Successful", output), output[-OUTPUT_TAIL:]
     assert re.search(r"verify.*Executed: Successful", output), output[-OUTPUT_TAIL:]
     assert re.search(r"\d+ passed", output), output[-OUTPUT_TAIL:]
+    scenario = yaml.safe_load((ROLES_DIR / role / "molecule" / "default" / "molecule.yml").read_text())
+    if "check" in scenario["scenario"]["test_sequence"]:
+        # `--check --diff` against what converge left runs to the end and changes nothing.
+        assert re.search(r"check.*Executed: Successful", output), output[-OUTPUT_TAIL:]
+        playbook_output = re.sub(r"[│ \t]*\n[│ \t]*", "\n", result.stdout)
+        _, marker, check_run = playbook_output.partition("[CHECK MODE]")
+        assert marker, playbook_output[-OUTPUT_TAIL:]
+        recap = check_run.partition("PLAY RECAP")[2].partition("PLAY [")[0]
+        assert _recap_changed(recap)["instance"] == 0, check_run[:OUTPUT_TAIL]
+    # Every run shows its diff (molecule.yml), and no secret appears in any of them.
+    if "TELEMETRY_TEST_SECRETS_DIR" in (ROLES_DIR / role / "molecule" / "default" / "molecule.yml").read_text():
+        assert any(secrets_dir.glob("*")), "the scenario generated no secret where the test looks"
+    for secret in secrets_dir.glob("*"):
+        value = secret.read_text().strip()
+        assert value and value not in output, f"{secret.name} appears in the molecule output"
 
 
 # --- the whole playbook in render-only mode ----------------------------------------

@@ -12,6 +12,8 @@ ROOT = os.environ["TELEMETRY_ROOT"]
 EPHEMERAL = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"])
 REPO = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"]).resolve().parents[2]
 DIR = ROOT + "/opt/telemetry/grafana"
+# Where molecule.yml generated the test secrets.
+SECRETS = Path(os.environ.get("TELEMETRY_TEST_SECRETS_DIR") or EPHEMERAL / "secrets")
 
 
 def _pinned(key):
@@ -35,7 +37,7 @@ def _service(host):
 
 
 def _generated(name):
-    return (EPHEMERAL / "secrets" / name).read_text().strip()
+    return (SECRETS / name).read_text().strip()
 
 
 def test_secret_files_are_readable_by_grafana_only(host):

@@ -9,6 +9,9 @@ import yaml
 ROOT = os.environ["TELEMETRY_ROOT"]
 REPO = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"]).resolve().parents[2]
 DIR = ROOT + "/opt/telemetry/influxdb"
+# Where molecule.yml generated the test secrets.
+EPHEMERAL = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"])
+SECRETS = Path(os.environ.get("TELEMETRY_TEST_SECRETS_DIR") or EPHEMERAL / "secrets")
 
 
 def _pinned(key):
@@ -58,7 +61,7 @@ def test_no_secret_in_the_container_environment(host):
     assert not any("PASSWORD" in key or "TOKEN" in key for key in environment)
     text = host.file(DIR + "/container.compose.yml").content_string
     for name in ("influxdb_admin_password", "influxdb_admin_token"):
-        generated = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "secrets" / name
+        generated = SECRETS / name
         assert generated.read_text().strip() not in text
 
 
