@@ -285,6 +285,26 @@ def test_placeholder_secret_is_refused(tmp_path, test_secrets):
     assert "Grafana secrets are missing" in result.stdout + result.stderr
 
 
+def test_site_check_diff_changes_nothing_and_shows_no_secret(tmp_path, test_secrets):
+    """`ansible-playbook site.yml --check --diff` against what a run left behind."""
+    root = tmp_path / "root"
+    cmd = ["ansible-playbook", "site.yml", *INVENTORIES["local"], *_render_args(root, ["-e", f"@{test_secrets}"])]
+    _assert_ok(_run(cmd))
+    check = _run([*cmd, "--check", "--diff"], env={**_env(), "ANSIBLE_CHECK_MODE_MARKERS": "1"})
+    _assert_ok(check)
+    output = check.stdout + check.stderr
+    assert "[CHECK MODE]" in output
+    assert "Check the disk space of the data stores" in output, "the run did not reach the last play"
+    changed = _recap_changed(check.stdout)
+    assert changed and not any(changed.values()), check.stdout[-OUTPUT_TAIL:]
+    values = json.loads(test_secrets.read_text())
+    for name, value in values.items():
+        for secret in value if isinstance(value, list) else [value]:
+            for text in secret.values() if isinstance(secret, dict) else [secret]:
+                if len(str(text)) >= 12:
+                    assert str(text) not in output, f"{name} appears in the --check --diff output"
+
+
 # --- molecule: docker scenarios (real containers) ---------------------------------
 
 
