@@ -23,7 +23,7 @@ LOG_PANEL_LINES = 250
 SEARCH = "|~ `(?i)${search:regex}`"
 SEARCH_HELP = (
     "The Search box finds its text literally (characters such as . * [ \\ are plain text, not a regex), "
-    "anywhere in the line as stored, ignoring case (a JSON line stores a quote as \\\"); "
+    'anywhere in the line as stored, ignoring case (a JSON line stores a quote as \\"); '
     "text containing a backtick (`) cannot be searched for."
 )
 
