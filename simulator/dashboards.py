@@ -484,7 +484,10 @@ def expand(
     raise ValueError(f"{query.where}: no interpolation for data source {query.datasource_type!r}")
 
 
-_FOLDED = re.compile(r"'((?:[^'\\]|\\.)*)'\s*(=|!=)\s*'((?:[^'\\]|\\.)*)'|\b(\d+)\s*-\s*(\d+)\s*(<=|>)\s*(\d+)\b")
+_FOLDED = re.compile(
+    r"'((?:[^'\\]|\\.)*)'\s*(=|!=)\s*'((?:[^'\\]|\\.)*)'"
+    r"|\b(\d+)\s*-\s*(\d+)\s*(<=|>)\s*(\d+)(?:\s*/\s*(\d+))?\b"
+)
 
 
 def answers(
@@ -510,6 +513,8 @@ def answers(
             holds = (match.group(1) == match.group(3)) == (match.group(2) == "=")
         else:
             difference, limit = int(match.group(4)) - int(match.group(5)), int(match.group(7))
+            if match.group(8):  # "$raw_up_to_ms / 6": InfluxQL divides the literals as floats
+                limit = limit / int(match.group(8))
             holds = difference <= limit if match.group(6) == "<=" else difference > limit
         if not holds:
             return False

@@ -469,3 +469,29 @@ def test_answers_names_the_live_target_of_a_panel() -> None:
     assert live(RANGE, everything | {"uid": ["1", "2"]}) == ["B"]
     assert live(LONG_RANGE, everything | {"uid": "1"}) == ["B-long"]
     assert live(LONG_RANGE, everything | {"raw_up_to_ms": str(2**53 - 1)}) == ["A"]
+
+
+def test_busiest_measurements_read_the_copy_from_a_sixth_of_the_raw_limit(telemetry_db: tuple[InfluxV1, str]) -> None:
+    """Over two hours (raw limit six hours), "Pending bytes" reads the copy and "CPU" the raw data, on the server."""
+    server, database = telemetry_db
+    two_hours = dash.TimeRange(NOW - timedelta(hours=2), NOW)
+    for uid, title, live_ref, silent_ref in (
+        ("telemetry-health", "Pending bytes", "A-long", "A"),
+        ("telemetry-system", "CPU", "A", "A-long"),
+    ):
+        dashboard = BY_UID[uid]
+        targets = {q.ref_id: q for q in dash.panel_queries(dashboard, DATASOURCES) if q.name == title}
+        everything = dash.all_selected(dashboard)
+
+        def answer(ref: str, values: dict, dashboard: dict = dashboard, targets: dict = targets) -> list[dict]:
+            text = dash.expand(targets[ref], two_hours, values, dashboard=dashboard, interval=timedelta(minutes=5))
+            return run(server, database, text)
+
+        assert has_values(answer(live_ref, everything)), title
+        assert not has_values(answer(silent_ref, everything)), title
+        assert dash.answers(targets[live_ref], two_hours, everything, dashboard=dashboard)
+        assert not dash.answers(targets[silent_ref], two_hours, everything, dashboard=dashboard)
+        # "always" keeps every range on the raw data, the busiest measurements too.
+        always = everything | {"raw_up_to_ms": str(2**53 - 1)}
+        assert has_values(answer("A", always)), title
+        assert not has_values(answer("A-long", always)), title
