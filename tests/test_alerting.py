@@ -245,3 +245,10 @@ def test_compose_passes_every_setting_and_mounts_the_alerting_files() -> None:
         assert grafana["environment"][setting.name] == "${" + setting.name + ":-}", setting.name
     assert "../grafana/alerting:/etc/telemetry/alerting:ro" in grafana["volumes"]
     assert grafana["environment"]["ALERTING_WEBHOOK_URL_FILE"] == "/run/secrets/alerting_webhook_url"
+
+
+def test_the_docs_name_every_rule_and_setting() -> None:
+    docs = (ROOT / "docs" / "alerting.md").read_text()
+    missing = [r.uid for r in RULES if f"`{r.uid}`" not in docs] + [s.name for s in st.SETTINGS if s.name not in docs]
+    assert missing == []
+    assert "docs/alerting.md" in (ROOT / "README.md").read_text()

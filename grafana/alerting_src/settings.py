@@ -85,7 +85,7 @@ SETTINGS: tuple[Setting, ...] = (
         "ALERT_LOSS_BASELINE_SECONDS",
         "3600",
         "seconds",
-        "loss: the baseline window, ending where the recent window starts",
+        "loss: the baseline starts this long ago and ends where the recent window starts",
     ),
     Setting("ALERT_LOSS_JUMP_RATIO", "1.5", "number", "loss: fires when the recent mean exceeds baseline x ratio"),
     Setting(
@@ -106,7 +106,7 @@ SETTINGS: tuple[Setting, ...] = (
         "ALERT_LOG_ERRORS_BASELINE_SECONDS",
         "3600",
         "seconds",
-        "log errors: the baseline window, ending where the recent window starts",
+        "log errors: the baseline starts this long ago and ends where the recent window starts",
     ),
     Setting(
         "ALERT_LOG_ERRORS_RATIO",
