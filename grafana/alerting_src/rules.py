@@ -20,10 +20,12 @@ from telemetry_client.catalog import DROP_REASONS
 # Measurements whose points prove a node is working, one per role.
 WORK_MEASUREMENTS: tuple[str, ...] = ("training_step", "validator_scores", "aggregator_step", "evaluator_benchmark")
 NODE = ("network", "role", "uid")
-# Drops that mean the data did not arrive. sampled_out is the caller's choice; non_finite
-# drops one value of a point that is delivered (mixed precision overflows now and then,
-# and a non-finite loss is the loss rule's business).
-LOST_DROP_REASONS: tuple[str, ...] = tuple(r for r in DROP_REASONS if r not in ("sampled_out", "non_finite"))
+# Drops that mean the data did not arrive. sampled_out is the caller's choice, and so is
+# disabled (a logger left off); non_finite drops one value of a point that is delivered
+# (mixed precision overflows now and then, and a non-finite loss is the loss rule's business).
+LOST_DROP_REASONS: tuple[str, ...] = tuple(
+    r for r in DROP_REASONS if r not in ("sampled_out", "disabled", "non_finite")
+)
 PENDING = "${ALERT_PENDING_SECONDS}s"
 NODE_TEXT = "{{ .Labels.uid }} ({{ .Labels.role }}, network {{ .Labels.network }})"
 
@@ -211,7 +213,9 @@ def host_disk_high() -> Rule:
 
 
 def client_drops() -> Rule:
-    # The counters are cumulative per process (runtime_id): spread is their increase in the window.
+    # The counters are cumulative per process (runtime_id): spread is their increase in the
+    # window. The client's `dropped_<reason>_delta` fields would be simpler, but they are
+    # written only when they grew, and InfluxQL's sum(a) + sum(b) is null when either is.
     dropped = " + ".join(f'spread("dropped_{reason}")' for reason in LOST_DROP_REASONS)
     query = select(dropped, ["telemetry_client"], (*NODE, "runtime_id", "sink"))
     return Rule(

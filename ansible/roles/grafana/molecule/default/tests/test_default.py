@@ -99,7 +99,7 @@ def test_secrets_stay_out_of_world_readable_files(host):
 
 
 def test_provisioning_is_the_repository_copy(host):
-    for name in ("provisioning", "dashboards"):
+    for name in ("provisioning", "dashboards", "alerting"):
         source = REPO / "grafana" / name
         deployed = Path(DIR) / name
         expected = sorted(p.relative_to(source) for p in source.rglob("*") if p.is_file())
@@ -155,3 +155,22 @@ def test_compose_definition_is_valid(host):
         check=False,
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_alerting_is_mounted_with_its_settings_and_the_webhook_as_a_secret_file(host):
+    service = _service(host)
+    mounts = {m["target"]: m for m in service["volumes"]}
+    assert mounts["/etc/telemetry/alerting"] == {
+        "type": "bind",
+        "source": DIR + "/alerting",
+        "target": "/etc/telemetry/alerting",
+        "read_only": True,
+    }
+    env = service["environment"]
+    assert env["ALERT_GPU_MEMORY_PERCENT"] == "97" and env["ALERT_WEBHOOK_TYPE"] == "slack"
+    assert env["ALERTING_EMAIL_ADDRESSES"] == "ops@example.test"
+    assert env["ALERTING_WEBHOOK_URL_FILE"] == "/run/secrets/alerting_webhook_url"
+    secret = host.file(DIR + "/secrets/alerting_webhook_url")
+    assert secret.content_string == "https://hooks.example.test/services/T0/B0/molecule"
+    assert secret.mode == 0o400
+    assert "hooks.example.test" not in str(env)
