@@ -21,6 +21,7 @@ should when it fires exactly under the faults that are meant to fire it.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,7 +32,16 @@ import yaml
 from simulator import expressions as ex
 from simulator.faults import ActiveFault
 
-ALERTING_DIR = Path(__file__).resolve().parents[1] / "grafana" / "alerting"
+REPO = Path(__file__).resolve().parents[1]
+ALERTING_DIR = REPO / "grafana" / "alerting"
+
+
+def _repository_on_path() -> None:
+    """grafana/ (settings, rules, renderer) is part of the checkout, not of the installed packages."""
+    if (REPO / "grafana").is_dir() and str(REPO) not in sys.path:
+        sys.path.append(str(REPO))
+
+
 FIRING, NORMAL, NO_DATA, ERROR, SKIPPED = "FIRING", "NORMAL", "NO DATA", "ERROR", "SKIPPED"
 MIN_RUN_SECONDS = 8.0  # the simulated windows are a few seconds: a shorter run cannot tell silence from a pause
 MAX_INSTANCES = 10
@@ -68,6 +78,7 @@ class AlertCheck:
 
 def run_settings(load_seconds: float, window_seconds: float) -> dict[str, str]:
     """The settings the simulator evaluates with: `simulated` values, windows that span the run."""
+    _repository_on_path()
     from grafana.alerting_src import settings as st
 
     span = str(max(1, math.ceil(load_seconds)))
@@ -94,6 +105,7 @@ def fault_needs_seconds(kind: str, window_seconds: float) -> float:
 
 def load_rules(values: Mapping[str, str], directory: Path = ALERTING_DIR) -> list[tuple[str, dict[str, Any]]]:
     """(group name, rule) of the generated rules file with `values` filled in."""
+    _repository_on_path()
     from grafana.alerting_src import render
 
     text = render.fill((directory / render.RULES_FILE).read_text(encoding="utf-8"), values)
@@ -102,6 +114,7 @@ def load_rules(values: Mapping[str, str], directory: Path = ALERTING_DIR) -> lis
 
 def expected_rules(faults: Sequence[ActiveFault]) -> set[str]:
     """Uids of the rules the run's faults are meant to fire."""
+    _repository_on_path()
     from grafana.alerting_src.rules import RULES
 
     kinds = {f.kind for f in faults}
