@@ -19,6 +19,7 @@ and only the collections bundled with the ansible package are used.
 
 from __future__ import annotations
 
+import hashlib
 import http.server
 import itertools
 import json
@@ -347,6 +348,26 @@ def test_molecule_docker_scenario(role):
 # against a small HTTP server that follows the documented InfluxDB 2 API for
 # the calls the role makes, strictly: JSON types as InfluxDB's decoder wants
 # them, the operator token on every call after setup, 422 for a second setup.
+#
+# Tokens behave as in InfluxDB 2.9, which hashes them by default (release notes
+# of 2.9.0, docs.influxdata.com/influxdb/v2/reference/release-notes/influxdb/:
+# "Token hashing enabled by default"; docs .../admin/tokens/view-tokens/: "full
+# tokens are only visible immediately after the token is created"):
+# - the server keeps a SHA-512 hash only, the setup's operator token included
+#   (influxdata/influxdb v2.9, authorization/storage.go: "New tokens generated are
+#   stored only as hashes"; storage_authorization.go encodeAuthorization clears
+#   Token before storing; a presented token is checked by its hash);
+# - POST /api/v2/authorizations answers 201 with the new token's value, once
+#   (authorization/http_server.go handlePostAuthorization: the response is built
+#   from the in-memory record, before redaction);
+# - GET /api/v2/authorizations lists every token with "token": "" (the same
+#   newAuthResponse copies the stored, cleared Token field);
+# - DELETE /api/v2/authorizations/{id} answers 204, or 404 "authorization not
+#   found" (http_server.go handleDeleteAuthorization, authorization/error.go).
+
+
+def _sha512(token: str) -> str:
+    return hashlib.sha512(token.encode()).hexdigest()
 
 
 class FakeInfluxDB:
@@ -356,6 +377,7 @@ class FakeInfluxDB:
         self.setup_done = False
         self.admin_token = None
         self.orgs, self.buckets, self.dbrps, self.auths, self.tasks = [], [], [], [], []
+        self.issued: dict[str, str] = {}
         self.calls: list[tuple[str, str]] = []
 
     def _new_id(self):
@@ -389,7 +411,7 @@ class FakeInfluxDB:
             self.auths.append(
                 {
                     "id": self._new_id(),
-                    "token": body["token"],
+                    "hashedToken": _sha512(body["token"]),
                     "status": "active",
                     "description": f"{body['username']}'s Token",
                     "orgID": org["id"],
@@ -401,7 +423,7 @@ class FakeInfluxDB:
         token = headers.get("Authorization", "").removeprefix("Token ")
         if not self.setup_done or not token:
             return 401, {"code": "unauthorized", "message": "unauthorized access"}
-        reader = next((a for a in self.auths if a["token"] == token and a["status"] == "active"), None)
+        reader = next((a for a in self.auths if a["hashedToken"] == _sha512(token) and a["status"] == "active"), None)
         if reader is None:
             return 401, {"code": "unauthorized", "message": "unauthorized access"}
         if token != self.admin_token:
@@ -464,19 +486,29 @@ class FakeInfluxDB:
             return 201, dbrp
         if path == "/api/v2/authorizations":
             if method == "GET":
-                return 200, {"authorizations": [a for a in self.auths if a["orgID"] == query.get("orgID", a["orgID"])]}
+                listed = [a for a in self.auths if a["orgID"] == query.get("orgID", a["orgID"])]
+                # Hashed: the value is gone; the field is there, empty.
+                return 200, {"authorizations": [self._public(a, token="") for a in listed]}
             if not body.get("permissions") or not body.get("orgID"):
                 return 400, {"code": "invalid", "message": "authorization must include permissions"}
+            token = secrets.token_urlsafe(64)
             auth = {
                 "id": self._new_id(),
-                "token": secrets.token_urlsafe(64),
+                "hashedToken": _sha512(token),
                 "status": body.get("status", "active"),
                 "description": body["description"],
                 "orgID": body["orgID"],
                 "permissions": body["permissions"],
             }
             self.auths.append(auth)
-            return 201, auth
+            self.issued[auth["id"]] = token  # what the caller got: for the test's assertions only
+            return 201, self._public(auth, token=token)
+        if path.startswith("/api/v2/authorizations/") and method == "DELETE":
+            auth = next((a for a in self.auths if a["id"] == path.rsplit("/", 1)[-1]), None)
+            if auth is None:
+                return 404, {"code": "not found", "message": "authorization not found"}
+            self.auths.remove(auth)
+            return 204, None
         # Tasks (InfluxDB OSS 2 API, tag Tasks: GET /api/v2/tasks filters by orgID and
         # name; POST takes orgID and flux and reads name and every from the script's
         # `option task`, 400 without it; PATCH /api/v2/tasks/{taskID} replaces flux).
@@ -498,6 +530,10 @@ class FakeInfluxDB:
             task["flux"] = body["flux"]
             return 200, task
         return 404, {"code": "not found", "message": f"path not found: {path}"}
+
+    @staticmethod
+    def _public(auth, token):
+        return {k: v for k, v in auth.items() if k != "hashedToken"} | {"token": token}
 
     def _bucket(self, org_id, name, seconds):
         return {
@@ -535,14 +571,15 @@ def fake_influxdb():
                     status, payload = 400, {"code": "invalid", "message": "invalid json"}
                 else:
                     status, payload = fake.handle(self.command, self.path, self.headers, body)
-            data = json.dumps(payload).encode()
+            data = b"" if payload is None else json.dumps(payload).encode()
             self.send_response(status)
-            self.send_header("Content-Type", "application/json; charset=utf-8")
+            if payload is not None:
+                self.send_header("Content-Type", "application/json; charset=utf-8")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
 
-        do_GET = do_POST = do_PATCH = _serve
+        do_GET = do_POST = do_PATCH = do_DELETE = _serve
 
         def log_message(self, *args):
             pass
@@ -574,6 +611,7 @@ def _run_influxdb_setup(fake, tmp_path, **extra):
         "influxdb_admin_password": "stand-in-" + secrets.token_hex(8),
         "influxdb_admin_token": fake.admin_token or secrets.token_urlsafe(48),
         "influxdb_retention_days": 30,
+        "influxdb_nodes": ["miner-01", "validator-01"],
         "influxdb_no_log": False,
         **extra,
     }
@@ -596,6 +634,18 @@ def _run_influxdb_setup(fake, tmp_path, **extra):
             str(playbook),
         ]
     )
+
+
+def _auth(fake, description):
+    [auth] = [a for a in fake.auths if a["description"] == description]
+    return auth
+
+
+def _mutations(fake):
+    return [c for c in fake.calls if c[0] in ("POST", "PATCH", "DELETE")]
+
+
+NODE_WRITE = "telemetry node {}: write telemetry"
 
 
 def test_influxdb_api_setup_is_idempotent_and_applies_retention(fake_influxdb, tmp_path):
@@ -626,28 +676,36 @@ def test_influxdb_api_setup_is_idempotent_and_applies_retention(fake_influxdb, t
     for task in fake.tasks:
         assert 'from(bucket: "telemetry")' in task["flux"] and 'to(bucket: "telemetry_downsampled")' in task["flux"]
         assert task["every"] == "1m" and task["status"] == "active"
-    by_description = {a["description"]: a for a in fake.auths}
-    write = by_description["telemetry nodes: write telemetry"]
-    read = by_description["grafana: read telemetry"]
-    assert write["permissions"] == [
-        {"action": "write", "resource": {"type": "buckets", "id": bucket["id"], "orgID": bucket["orgID"]}}
-    ]
+    read = _auth(fake, "grafana: read telemetry")
     assert read["permissions"] == [
         {"action": "read", "resource": {"type": "buckets", "id": b["id"], "orgID": bucket["orgID"]}}
         for b in (bucket, downsampled)
     ]
     secrets_dir = tmp_path / "influxdb" / "secrets"
-    for name, auth in (("node-write.token", write), ("grafana-read.token", read)):
-        assert (secrets_dir / name).read_text() == auth["token"]
+    files = {"grafana-read.token": read}
+    for node in ("miner-01", "validator-01"):
+        write = _auth(fake, NODE_WRITE.format(node))
+        # Write-only, on the bucket only: a node cannot read or administer anything.
+        assert write["permissions"] == [
+            {"action": "write", "resource": {"type": "buckets", "id": bucket["id"], "orgID": bucket["orgID"]}}
+        ]
+        files[f"nodes/{node}.token"] = write
+    for name, auth in files.items():
+        # The value came from the creation answer only: the list never shows it.
+        assert (secrets_dir / name).read_text() == fake.issued[auth["id"]]
         assert (secrets_dir / name).stat().st_mode & 0o777 == 0o600
+    assert (secrets_dir / "nodes").stat().st_mode & 0o777 == 0o700
+    assert not (secrets_dir / "node-write.token").exists()
 
     # A second run changes nothing, in InfluxDB or on disk.
+    before = {name: (secrets_dir / name).read_text() for name in files}
     second = _run_influxdb_setup(fake, tmp_path)
     _assert_ok(second)
     assert _recap_changed(second.stdout) == {"localhost": 0}, second.stdout[-OUTPUT_TAIL:]
-    assert not [c for c in fake.calls if c[0] in ("POST", "PATCH")], fake.calls
-    assert len(fake.auths) == 3 and len(fake.buckets) == 2 and len(fake.dbrps) == 2
+    assert not _mutations(fake), fake.calls
+    assert len(fake.auths) == 4 and len(fake.buckets) == 2 and len(fake.dbrps) == 2
     assert len(fake.tasks) == len(scripts)
+    assert {name: (secrets_dir / name).read_text() for name in files} == before
 
     # A changed retention period is applied to the existing bucket.
     third = _run_influxdb_setup(fake, tmp_path, influxdb_retention_days=7)
@@ -662,13 +720,61 @@ def test_influxdb_api_setup_is_idempotent_and_applies_retention(fake_influxdb, t
     assert 'to(bucket: "telemetry_downsampled")' in fake.tasks[0]["flux"]
     assert len(fake.tasks) == len(scripts)
 
-    # A token deleted in InfluxDB is created again and its file updated.
-    fake.auths.remove(read)
+    # A lost token file: that token is deleted in InfluxDB and created anew;
+    # the other node's token and file are left alone.
+    old_miner = _auth(fake, NODE_WRITE.format("miner-01"))
+    validator = _auth(fake, NODE_WRITE.format("validator-01"))
+    (secrets_dir / "nodes" / "miner-01.token").unlink()
     fourth = _run_influxdb_setup(fake, tmp_path, influxdb_retention_days=7)
     _assert_ok(fourth)
-    new_read = next(a for a in fake.auths if a["description"] == "grafana: read telemetry")
-    assert new_read["token"] != read["token"]
-    assert (secrets_dir / "grafana-read.token").read_text() == new_read["token"]
+    new_miner = _auth(fake, NODE_WRITE.format("miner-01"))
+    assert new_miner["id"] != old_miner["id"]
+    assert _mutations(fake) == [
+        ("DELETE", f"/api/v2/authorizations/{old_miner['id']}"),
+        ("POST", "/api/v2/authorizations"),
+    ]
+    assert (secrets_dir / "nodes" / "miner-01.token").read_text() == fake.issued[new_miner["id"]]
+    assert _auth(fake, NODE_WRITE.format("validator-01")) is validator
+    assert (secrets_dir / "nodes" / "validator-01.token").read_text() == before["nodes/validator-01.token"]
+
+    # A token deleted in InfluxDB is created again and its file updated.
+    fake.auths.remove(read)
+    fifth = _run_influxdb_setup(fake, tmp_path, influxdb_retention_days=7)
+    _assert_ok(fifth)
+    new_read = _auth(fake, "grafana: read telemetry")
+    assert (secrets_dir / "grafana-read.token").read_text() == fake.issued[new_read["id"]] != before["grafana-read.token"]
+
+
+def test_influxdb_node_removed_from_the_list_is_revoked(fake_influxdb, tmp_path):
+    fake = fake_influxdb
+    _assert_ok(_run_influxdb_setup(fake, tmp_path))
+    # The single shared write token of earlier versions is revoked as well.
+    fake.auths.append(
+        {
+            "id": fake._new_id(),
+            "hashedToken": _sha512("shared"),
+            "status": "active",
+            "description": "telemetry nodes: write telemetry",
+            "orgID": fake.orgs[0]["id"],
+            "permissions": [],
+        }
+    )
+    (tmp_path / "influxdb" / "secrets" / "node-write.token").write_text("shared")
+    miner = _auth(fake, NODE_WRITE.format("miner-01"))
+    validator = _auth(fake, NODE_WRITE.format("validator-01"))
+    result = _run_influxdb_setup(fake, tmp_path, influxdb_nodes=["validator-01"])
+    _assert_ok(result)
+    descriptions = {a["description"] for a in fake.auths}
+    assert NODE_WRITE.format("miner-01") not in descriptions
+    assert "telemetry nodes: write telemetry" not in descriptions
+    assert ("DELETE", f"/api/v2/authorizations/{miner['id']}") in fake.calls
+    assert not [c for c in fake.calls if c[0] == "POST"], fake.calls
+    assert _auth(fake, NODE_WRITE.format("validator-01")) is validator
+    nodes_dir = tmp_path / "influxdb" / "secrets" / "nodes"
+    assert sorted(p.name for p in nodes_dir.iterdir()) == ["validator-01.token"]
+    assert not (tmp_path / "influxdb" / "secrets" / "node-write.token").exists()
+    # The operator's own token (from the setup) is not the role's to delete.
+    assert any(a["description"].endswith("'s Token") for a in fake.auths)
 
 
 def test_influxdb_api_setup_fails_on_a_wrong_admin_token(fake_influxdb, tmp_path):

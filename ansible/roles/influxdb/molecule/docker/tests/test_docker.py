@@ -28,7 +28,7 @@ def test_health(host):
 
 
 def test_write_token_writes_and_read_token_reads(host):
-    write = _token(host, "node-write.token")
+    write = _token(host, "nodes/molecule-node-1.token")
     read = _token(host, "grafana-read.token")
     point = f"molecule_check,role=test value=1 {time.time_ns()}"
     result = _curl(
