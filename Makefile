@@ -1,4 +1,4 @@
-.PHONY: setup test lint bench simulate doctor up down logs ps clean backup restore
+.PHONY: setup test lint bench simulate doctor up down logs ps clean backup restore node-add node-revoke node-rotate node-credentials
 
 PYTHON ?= python3
 
@@ -83,3 +83,31 @@ restore:
 # Keeps the data unless asked: make clean VOLUMES=1
 clean:
 	@VOLUMES=$(VOLUMES) $(STACK) clean
+
+# One node's credentials in production (docs/deployment.md, "Nodes"): its own
+# InfluxDB write token and Loki push login, listed in
+# $(INVENTORY)/group_vars/all/nodes.yml. Each target changes the list or
+# forgets the node's credentials, deploys (site.yml), and writes the node's env
+# file on this machine (~/.config/telemetry/nodes/<name>.env, mode 0600).
+#   make node-add NODE=miner-07   [INVENTORY=inventory/prod] [ANSIBLE_ARGS=--ask-vault-pass]
+INVENTORY ?= inventory/prod
+ANSIBLE_ARGS ?= --ask-vault-pass
+NODE_PLAY = ansible-playbook -i $(INVENTORY) ansible/nodes.yml $(ANSIBLE_ARGS) -e node=$(NODE)
+DEPLOY = ansible-playbook -i $(INVENTORY) site.yml $(ANSIBLE_ARGS)
+
+node-add:
+	$(NODE_PLAY) -e node_action=add
+	$(DEPLOY)
+	$(NODE_PLAY) -e node_action=credentials
+
+node-rotate:
+	$(NODE_PLAY) -e node_action=rotate
+	$(DEPLOY)
+	$(NODE_PLAY) -e node_action=credentials
+
+node-revoke:
+	$(NODE_PLAY) -e node_action=revoke
+	$(DEPLOY)
+
+node-credentials:
+	$(NODE_PLAY) -e node_action=credentials

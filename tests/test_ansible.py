@@ -19,7 +19,9 @@ and only the collections bundled with the ansible package are used.
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import http.client
 import http.server
 import itertools
 import json
@@ -27,9 +29,12 @@ import os
 import re
 import secrets
 import shutil
+import socket
+import ssl
 import string
 import subprocess
 import threading
+import time
 import urllib.parse
 from pathlib import Path
 
@@ -38,7 +43,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 ROLES_DIR = REPO / "ansible" / "roles"
-ROLES = ["docker", "influxdb", "loki", "grafana", "reverse_proxy"]
+ROLES = ["docker", "firewall", "influxdb", "loki", "grafana", "reverse_proxy"]
 OUTPUT_TAIL = 12000
 
 
@@ -194,6 +199,7 @@ INVENTORIES = {
 
 
 @pytest.mark.parametrize("name", sorted(INVENTORIES))
+@pytest.mark.timeout(900)
 def test_site_renders_and_is_idempotent(name, tmp_path, test_secrets):
     root = tmp_path / "root"
     cmd = [
@@ -216,10 +222,17 @@ def test_site_renders_and_is_idempotent(name, tmp_path, test_secrets):
         "loki/loki.yml",
         "grafana/secrets/grafana_admin_password",
         "grafana/provisioning/datasources/datasources.yml",
-        "reverse_proxy/Caddyfile",
+        "reverse_proxy/conf/Caddyfile",
     ):
         assert (base / path).is_file(), path
-    assert (base / "reverse_proxy/Caddyfile").stat().st_mode & 0o777 == 0o600
+    assert (base / "reverse_proxy/conf/Caddyfile").stat().st_mode & 0o777 == 0o600
+    # One push user per node of the inventory's list, each with its own password.
+    nodes = yaml.safe_load((REPO / "inventory" / name / "group_vars" / "all" / "nodes.yml").read_text())
+    caddyfile = (base / "reverse_proxy" / "conf" / "Caddyfile").read_text()
+    for node in nodes["telemetry_nodes"]:
+        assert re.search(rf"(?m)^\t\t\t{re.escape(node)} \$2b\$12\$", caddyfile), node
+        password = base / "reverse_proxy" / "secrets" / "nodes" / f"{node}.loki-password"
+        assert password.stat().st_mode & 0o777 == 0o600
     values = json.loads(test_secrets.read_text())
     grafana_secrets = base / "grafana" / "secrets"
     assert (grafana_secrets / "grafana_admin_password").read_text() == values["vault_grafana_admin_password"]
@@ -236,10 +249,23 @@ def test_site_renders_and_is_idempotent(name, tmp_path, test_secrets):
         # Grafana and the proxy reach InfluxDB and Loki on metrics_prod's private address.
         assert "INFLUXDB_URL=http://10.0.0.20:8086" in env
         assert "LOKI_URL=http://10.0.0.20:3100" in env
-        caddyfile = (base / "reverse_proxy" / "Caddyfile").read_text()
         assert "reverse_proxy 10.0.0.20:3100 {" in caddyfile
         assert "reverse_proxy grafana:3000 {" in caddyfile
         assert "email ops@example.org" in caddyfile
+        # metrics_prod publishes InfluxDB and Loki on its private address: only
+        # the inventory's hosts get through DOCKER-USER.
+        rules = (root / "metrics_prod" / "opt" / "telemetry" / "firewall" / "docker-user.rules").read_text()
+        for port in (8086, 3100):
+            assert f"--ctorigdst 10.0.0.20 --ctorigdstport {port} --ctdir ORIGINAL -j TELEMETRY-PRIVATE" in rules
+        allowed = re.findall(r"(?m)^-A TELEMETRY-PRIVATE -s (\S+) -j RETURN$", rules)
+        assert allowed == ["10.0.0.10/32", "10.0.0.20/32"]
+        assert rules.rstrip().endswith("-A TELEMETRY-PRIVATE -j DROP\nCOMMIT")
+        grafana_rules = (root / "grafana_prod" / "opt" / "telemetry" / "firewall" / "docker-user.rules").read_text()
+        assert "--ctorigdstport" not in grafana_rules  # Grafana on loopback, Caddy public by design
+    else:
+        # Everything on one machine, on loopback: nothing to filter.
+        rules = (root / "localhost" / "opt" / "telemetry" / "firewall" / "docker-user.rules").read_text()
+        assert "--ctorigdstport" not in rules
 
 
 @pytest.mark.parametrize(
@@ -247,7 +273,7 @@ def test_site_renders_and_is_idempotent(name, tmp_path, test_secrets):
     [
         ("vault_influxdb_admin_token", "InfluxDB secrets are missing"),
         ("vault_grafana_secret_key", "Grafana secrets are missing"),
-        ("vault_reverse_proxy_loki_users", "needs at least one basic auth user"),
+        ("vault_reverse_proxy_grafana_users", "Grafana needs at least one basic auth user"),
     ],
 )
 def test_missing_secret_stops_before_any_change(missing, message, tmp_path, test_secrets):
@@ -648,6 +674,7 @@ def _mutations(fake):
 NODE_WRITE = "telemetry node {}: write telemetry"
 
 
+@pytest.mark.timeout(900)
 def test_influxdb_api_setup_is_idempotent_and_applies_retention(fake_influxdb, tmp_path):
     fake = fake_influxdb
     first = _run_influxdb_setup(fake, tmp_path)
@@ -742,9 +769,11 @@ def test_influxdb_api_setup_is_idempotent_and_applies_retention(fake_influxdb, t
     fifth = _run_influxdb_setup(fake, tmp_path, influxdb_retention_days=7)
     _assert_ok(fifth)
     new_read = _auth(fake, "grafana: read telemetry")
-    assert (secrets_dir / "grafana-read.token").read_text() == fake.issued[new_read["id"]] != before["grafana-read.token"]
+    new_value = (secrets_dir / "grafana-read.token").read_text()
+    assert new_value == fake.issued[new_read["id"]] != before["grafana-read.token"]
 
 
+@pytest.mark.timeout(900)
 def test_influxdb_node_removed_from_the_list_is_revoked(fake_influxdb, tmp_path):
     fake = fake_influxdb
     _assert_ok(_run_influxdb_setup(fake, tmp_path))
@@ -783,3 +812,204 @@ def test_influxdb_api_setup_fails_on_a_wrong_admin_token(fake_influxdb, tmp_path
     result = _run_influxdb_setup(fake_influxdb, tmp_path)
     assert result.returncode != 0
     assert "Look up the organisation" in result.stdout
+
+
+# --- the reverse proxy's Caddyfile, run by a real Caddy ------------------------------
+#
+# Debian's caddy (2.6) runs the Caddyfile that the reverse_proxy role renders,
+# on loopback, in front of a stand-in Loki that accepts every push. Only two
+# settings differ from a deployment, both role variables: the configuration
+# directory is the rendered one (where the container mounts it), and 2.6 still
+# calls the basic auth directive "basicauth" (renamed basic_auth in Caddy 2.8).
+
+PUSH_PATH = "/loki/api/v1/push"
+LOGS_DOMAIN = "logs.example.test"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def fake_loki():
+    """Accepts every push with 204 (Loki's answer) and records what reached it."""
+    seen: list[dict[str, str]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen.append({"path": self.path, "authorization": self.headers.get("Authorization", "")})
+            self.send_response(204)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"127.0.0.1:{server.server_address[1]}", seen
+    server.shutdown()
+    server.server_close()
+
+
+class ProxySite:
+    """The role rendered into a scratch root, and the ports Caddy serves it on."""
+
+    def __init__(self, tmp_path: Path, upstream: str):
+        self.tmp = tmp_path
+        self.root = tmp_path / "root"
+        self.dir = self.root / "opt" / "telemetry" / "reverse_proxy"
+        self.conf = self.dir / "conf"
+        self.https_port, self.http_port, self.admin_port = _free_port(), _free_port(), _free_port()
+        self.upstream = upstream
+        self.cert = tmp_path / "cert.pem"
+        key = tmp_path / "key.pem"
+        _assert_ok(
+            _run(
+                [
+                    "openssl",
+                    "req",
+                    "-x509",
+                    "-newkey",
+                    "ec",
+                    "-pkeyopt",
+                    "ec_paramgen_curve:P-256",
+                    "-nodes",
+                    "-days",
+                    "2",
+                    "-subj",
+                    f"/CN={LOGS_DOMAIN}",
+                    "-addext",
+                    f"subjectAltName=DNS:{LOGS_DOMAIN}",
+                    "-keyout",
+                    str(key),
+                    "-out",
+                    str(self.cert),
+                ]
+            )
+        )
+        self.key = key
+
+    def converge(self, nodes: list[str]) -> subprocess.CompletedProcess:
+        playbook = self.tmp / "proxy.yml"
+        playbook.write_text(
+            "- name: Render the reverse proxy\n"
+            "  hosts: localhost\n"
+            "  gather_facts: false\n"
+            "  roles:\n"
+            "    - role: reverse_proxy\n"
+        )
+        variables = {
+            "telemetry_render_only": True,
+            "telemetry_root": str(self.root),
+            "telemetry_nodes": nodes,
+            "reverse_proxy_image": "caddy:not-pulled-in-render-only-mode",
+            "reverse_proxy_tls_mode": "files",
+            "reverse_proxy_tls_certificate": self.cert.read_text(),
+            "reverse_proxy_tls_private_key": self.key.read_text(),
+            "reverse_proxy_loki_domain": LOGS_DOMAIN,
+            "reverse_proxy_loki_upstream": self.upstream,
+            "reverse_proxy_config_mount": str(self.conf),
+            "reverse_proxy_admin_address": f"localhost:{self.admin_port}",
+            "reverse_proxy_listen_http_port": self.http_port,
+            "reverse_proxy_listen_https_port": self.https_port,
+            "reverse_proxy_basic_auth_directive": "basicauth",
+        }
+        extra_vars = self.tmp / "proxy-vars.json"
+        extra_vars.write_text(json.dumps(variables))
+        extra_vars.chmod(0o600)
+        return _run(
+            [
+                "ansible-playbook",
+                "-i",
+                "localhost,",
+                "-c",
+                "local",
+                "-e",
+                "ansible_python_interpreter={{ ansible_playbook_python }}",
+                "-e",
+                f"@{extra_vars}",
+                str(playbook),
+            ]
+        )
+
+    def password(self, node: str) -> str:
+        return (self.dir / "secrets" / "nodes" / f"{node}.loki-password").read_text()
+
+    def push(self, user: str | None = None, password: str | None = None) -> int:
+        context = ssl.create_default_context(cafile=str(self.cert))
+        raw = socket.create_connection(("127.0.0.1", self.https_port), timeout=30)
+        conn = http.client.HTTPSConnection(LOGS_DOMAIN, self.https_port, context=context, timeout=30)
+        conn.sock = context.wrap_socket(raw, server_hostname=LOGS_DOMAIN)
+        headers = {"Content-Type": "application/json"}
+        if user is not None:
+            headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        try:
+            conn.request("POST", PUSH_PATH, body=b'{"streams": []}', headers=headers)
+            return conn.getresponse().status
+        finally:
+            conn.close()
+
+
+def _reload_argv(conf: Path) -> list[str]:
+    """The reverse_proxy role's reload handler, as it runs inside the container."""
+    handlers = yaml.safe_load((ROLES_DIR / "reverse_proxy" / "handlers" / "main.yml").read_text())
+    [reload] = [h for h in handlers if h["name"] == "Reload caddy"]
+    return [arg.replace("{{ reverse_proxy_config_mount }}", str(conf)) for arg in reload[_EXEC]["argv"]]
+
+
+_EXEC = "community.docker.docker_container_exec"
+
+
+@pytest.mark.timeout(900)
+def test_revoked_node_is_refused_by_caddy_after_one_run(tmp_path, fake_loki):
+    caddy = shutil.which("caddy")
+    if caddy is None:
+        pytest.fail("the caddy binary is needed (Debian package caddy: apt-get install caddy)")
+    upstream, seen = fake_loki
+    site = ProxySite(tmp_path, upstream)
+    _assert_ok(site.converge(["miner-01", "validator-01"]))
+    caddyfile = site.conf / "Caddyfile"
+    env = dict(os.environ, HOME=str(tmp_path), XDG_DATA_HOME=str(tmp_path / "xdg-data"))
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg-config")
+    log = (tmp_path / "caddy.log").open("w")
+    server = subprocess.Popen(
+        [caddy, "run", "--config", str(caddyfile), "--adapter", "caddyfile"], env=env, stdout=log, stderr=log
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                status = site.push()
+                break
+            except OSError:
+                assert server.poll() is None, (tmp_path / "caddy.log").read_text()[-OUTPUT_TAIL:]
+                assert time.monotonic() < deadline, (tmp_path / "caddy.log").read_text()[-OUTPUT_TAIL:]
+                time.sleep(0.5)
+        assert status == 401
+        miner, validator = site.password("miner-01"), site.password("validator-01")
+        assert site.push("miner-01", miner) == 204
+        assert site.push("validator-01", validator) == 204
+        assert site.push("miner-01", validator) == 401  # one node's password is not another's
+        assert site.push("miner-01", miner + "x") == 401
+        assert [s["authorization"] for s in seen] == ["", ""], "Loki must not see the node's credentials"
+
+        # Revoke miner-01: one run rewrites the Caddyfile, as a new file.
+        inode = caddyfile.stat().st_ino
+        second = site.converge(["validator-01"])
+        _assert_ok(second)
+        assert caddyfile.stat().st_ino != inode, "the role wrote the Caddyfile in place"
+        assert not (site.dir / "secrets" / "nodes" / "miner-01.loki-password").exists()
+        # ... and its handler reloads what is in the directory.
+        reload = subprocess.run(_reload_argv(site.conf), env=env, capture_output=True, text=True, timeout=120)
+        assert reload.returncode == 0, reload.stdout + reload.stderr
+        assert site.push("miner-01", miner) == 401
+        assert site.push("validator-01", validator) == 204
+        assert len(seen) == 3
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+        log.close()

@@ -41,11 +41,14 @@ def test_config_is_the_compose_config_with_production_values(host):
     assert config.gid == 10001
     rendered = yaml.safe_load(config.content_string)
     base = yaml.safe_load((REPO / "compose/loki/loki.yml").read_text())
+    # Production ingest limits, not the compose stack's flood-test ones.
+    production = yaml.safe_load((REPO / "ansible/roles/loki/defaults/main.yml").read_text())["loki_ingestion_limits"]
+    assert production["max_global_streams_per_user"] < base["limits_config"]["max_global_streams_per_user"]
     expected = _merge(
         base,
         {
             "auth_enabled": False,
-            "limits_config": {"retention_period": "336h", "ingestion_rate_mb": 32},
+            "limits_config": {**production, "retention_period": "336h", "ingestion_rate_mb": 32},
             "compactor": {"retention_enabled": True},
             "analytics": {"reporting_enabled": False},
         },

@@ -6,6 +6,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import bcrypt
 import yaml
 
 ROOT = os.environ["TELEMETRY_ROOT"]
@@ -22,7 +23,7 @@ def _pinned(key):
 
 
 def _caddyfile(host):
-    return host.file(DIR + "/Caddyfile").content_string
+    return host.file(DIR + "/conf/Caddyfile").content_string
 
 
 def _site(text, domain):
@@ -32,13 +33,17 @@ def _site(text, domain):
     return match.group(1)
 
 
+NODES = ("miner-01", "validator-01")
+
+
 def test_private_files(host):
-    for path in ("/Caddyfile", "/certs/cert.pem", "/certs/key.pem"):
+    secrets = [f"/secrets/nodes/{node}.loki-password" for node in NODES]
+    for path in ("/conf/Caddyfile", "/conf/certs/cert.pem", "/conf/certs/key.pem", *secrets):
         secret = host.file(DIR + path)
         assert secret.is_file, path
         assert secret.mode == 0o600, path
         assert secret.user == "root", path
-    for path in ("/certs", "/data", "/config"):
+    for path in ("/conf", "/conf/certs", "/data", "/config", "/secrets", "/secrets/nodes"):
         directory = host.file(DIR + path)
         assert directory.is_directory
         assert directory.mode == 0o700
@@ -46,7 +51,7 @@ def test_private_files(host):
 
 def test_certificate_is_the_one_given(host):
     given = (EPHEMERAL / "secrets" / "cert.pem").read_text().strip()
-    assert host.file(DIR + "/certs/cert.pem").content_string.strip() == given
+    assert host.file(DIR + "/conf/certs/cert.pem").content_string.strip() == given
 
 
 def test_grafana_is_behind_basic_auth(host):
@@ -65,11 +70,27 @@ def test_loki_exposes_only_the_push_api_behind_basic_auth(host):
     assert "method POST" in site
     push = site[site.index("handle @push {") : site.index("\thandle {")]
     assert "basic_auth {" in push
-    assert "node-1 $2b$12$" in push
+    assert "ops-tool $2b$12$" in push
     assert "reverse_proxy loki:3100" in push
     fallback = site[site.index("\thandle {") :]
     assert "respond 404" in fallback
     assert "reverse_proxy" not in fallback
+
+
+def test_each_node_has_its_own_push_user(host):
+    """One user per node, whose hash is of the password kept for that node alone."""
+    push = _site(_caddyfile(host), "logs.example.test")
+    users = dict(re.findall(r"(?m)^\t\t\t(\S+) (\$2b\$12\$\S{53})$", push))
+    assert set(users) == {"ops-tool", *NODES}
+    passwords = {node: host.file(f"{DIR}/secrets/nodes/{node}.loki-password").content_string for node in NODES}
+    assert len(set(passwords.values())) == len(NODES)
+    for node, password in passwords.items():
+        assert len(password) >= 32
+        assert bcrypt.checkpw(password.encode(), users[node].encode()), node
+        other = next(n for n in NODES if n != node)
+        assert not bcrypt.checkpw(password.encode(), users[other].encode())
+    # The passwords themselves never reach the container's configuration.
+    assert not any(password in push for password in passwords.values())
 
 
 def test_influxdb_exposes_only_write_and_health(host):
@@ -89,7 +110,7 @@ def test_caddyfile_parses_with_caddy(host, tmp_path):
     caddy = shutil.which("caddy")
     assert caddy, "the caddy binary is needed for this check: apt-get install caddy"
     text = _caddyfile(host).replace("basic_auth {", "basicauth {")
-    text = text.replace("/etc/caddy/certs/", DIR + "/certs/")
+    text = text.replace("/etc/caddy/certs/", DIR + "/conf/certs/")
     config = tmp_path / "Caddyfile"
     config.write_text(text)
     env = dict(
@@ -112,9 +133,14 @@ def test_container_definition(host):
     assert service["image"] == (pinned or "caddy:not-pinned-in-versions-env")
     assert service["ports"] == ["0.0.0.0:80:80", "0.0.0.0:443:443"]
     mounts = {m["target"]: m for m in service["volumes"]}
-    assert mounts["/etc/caddy/Caddyfile"]["source"] == DIR + "/Caddyfile"
-    assert mounts["/etc/caddy/Caddyfile"]["read_only"] is True
-    assert mounts["/etc/caddy/certs"]["read_only"] is True
+    # The directory, not the file: the template module writes a new file (a
+    # new inode) that a single-file bind mount would never show the container.
+    assert mounts["/etc/caddy"]["source"] == DIR + "/conf"
+    assert mounts["/etc/caddy"]["read_only"] is True
+    assert host.file(DIR + "/conf").is_directory
+    assert not any(target.startswith("/etc/caddy/") for target in mounts)
+    # The nodes' passwords stay outside the container.
+    assert not any(m["source"].startswith(DIR + "/secrets") for m in service["volumes"])
     for mount in service["volumes"]:
         assert host.file(mount["source"]).exists, mount
     result = subprocess.run(
