@@ -1013,3 +1013,84 @@ def test_revoked_node_is_refused_by_caddy_after_one_run(tmp_path, fake_loki):
         server.terminate()
         server.wait(timeout=60)
         log.close()
+
+
+# --- the node credential tooling (ansible/nodes.yml, make node-*) -----------------
+
+
+def _nodes_play(inventory: Path, node: str, action: str, *extra: str) -> subprocess.CompletedProcess:
+    return _run(
+        [
+            "ansible-playbook",
+            "-i",
+            str(inventory / "hosts.yml"),
+            "ansible/nodes.yml",
+            "-e",
+            f"node={node}",
+            "-e",
+            f"node_action={action}",
+            *extra,
+        ]
+    )
+
+
+@pytest.mark.timeout(900)
+def test_node_tooling_adds_rotates_writes_credentials_and_revokes(tmp_path):
+    inventory = tmp_path / "inventory" / "prod"
+    shutil.copytree(REPO / "inventory" / "prod", inventory)
+    nodes_file = inventory / "group_vars" / "all" / "nodes.yml"
+
+    def listed():
+        return yaml.safe_load(nodes_file.read_text())["telemetry_nodes"]
+
+    before = listed()
+    _assert_ok(_nodes_play(inventory, "miner-07", "add"))
+    assert listed() == ["miner-07", *before]
+    again = _nodes_play(inventory, "miner-07", "add")
+    _assert_ok(again)
+    assert listed() == ["miner-07", *before]
+    assert _recap_changed(again.stdout)["localhost"] == 0
+
+    # Both production hosts are this machine, below a scratch root.
+    root = tmp_path / "root"
+    local = [
+        "-e",
+        f"telemetry_root={root}",
+        "-e",
+        "ansible_connection=local",
+        "-e",
+        "ansible_become=false",
+        "-e",
+        "ansible_python_interpreter={{ ansible_playbook_python }}",
+    ]
+    token = root / "opt" / "telemetry" / "influxdb" / "secrets" / "nodes" / "miner-07.token"
+    password = root / "opt" / "telemetry" / "reverse_proxy" / "secrets" / "nodes" / "miner-07.loki-password"
+    for path, value in ((token, secrets.token_urlsafe(64)), (password, secrets.token_urlsafe(30))):
+        path.parent.mkdir(parents=True)
+        path.write_text(value)
+    env_dir = tmp_path / "env"
+    _assert_ok(_nodes_play(inventory, "miner-07", "credentials", *local, "-e", f"node_env_dir={env_dir}"))
+    env_file = env_dir / "miner-07.env"
+    assert env_file.stat().st_mode & 0o777 == 0o600
+    assert env_dir.stat().st_mode & 0o777 == 0o700
+    env = dict(line.split("=", 1) for line in env_file.read_text().splitlines() if not line.startswith("#"))
+    assert env == {
+        "INFLUXDB_URL": "https://metrics.example.org",
+        "INFLUXDB_TOKEN": token.read_text(),
+        "INFLUXDB_ORG": "tplr",
+        "INFLUXDB_DATABASE": "tplr",
+        "LOKI_URL": "https://logs.example.org",
+        "LOKI_USERNAME": "miner-07",
+        "LOKI_PASSWORD": password.read_text(),
+    }
+
+    # Rotate: the node's files go; the next site.yml run makes new ones.
+    _assert_ok(_nodes_play(inventory, "miner-07", "rotate", *local))
+    assert not token.exists() and not password.exists()
+    assert listed() == ["miner-07", *before]
+
+    _assert_ok(_nodes_play(inventory, "miner-07", "revoke"))
+    assert listed() == before
+    refused = _nodes_play(inventory, "Miner 07", "add")
+    assert refused.returncode != 0 and "Give NODE=<name>" in refused.stdout
+    assert listed() == before
