@@ -619,7 +619,7 @@ def fake_influxdb():
     server.server_close()
 
 
-def _run_influxdb_setup(fake, tmp_path, **extra):
+def _run_influxdb_setup(fake, tmp_path, *cli, **extra):
     playbook = tmp_path / "setup.yml"
     playbook.write_text(
         "- name: InfluxDB setup through the API\n"
@@ -657,6 +657,7 @@ def _run_influxdb_setup(fake, tmp_path, **extra):
             "ansible_python_interpreter={{ ansible_playbook_python }}",
             "-e",
             f"@{extra_vars}",
+            *cli,
             str(playbook),
         ]
     )
@@ -733,6 +734,13 @@ def test_influxdb_api_setup_is_idempotent_and_applies_retention(fake_influxdb, t
     assert len(fake.auths) == 4 and len(fake.buckets) == 2 and len(fake.dbrps) == 2
     assert len(fake.tasks) == len(scripts)
     assert {name: (secrets_dir / name).read_text() for name in files} == before
+
+    # --check --diff against the deployed stand-in: no change reported, none made, no token shown.
+    checked = _run_influxdb_setup(fake, tmp_path, "--check", "--diff", influxdb_no_log=True)
+    _assert_ok(checked)
+    assert _recap_changed(checked.stdout) == {"localhost": 0}, checked.stdout[-OUTPUT_TAIL:]
+    assert not _mutations(fake), fake.calls
+    assert not any(value in checked.stdout + checked.stderr for value in before.values())
 
     # A changed retention period is applied to the existing bucket.
     third = _run_influxdb_setup(fake, tmp_path, influxdb_retention_days=7)
