@@ -750,7 +750,7 @@ def test_influxdb_api_setup_is_idempotent_and_applies_retention(fake_influxdb, t
     assert len(fake.buckets) == 2
 
     # A task whose script changed (an older version of the role) is brought up to date.
-    fake.tasks[0]["flux"] = "option task = {name: \"" + fake.tasks[0]["name"] + "\", every: 1h}\n"
+    fake.tasks[0]["flux"] = 'option task = {name: "' + fake.tasks[0]["name"] + '", every: 1h}\n'
     _assert_ok(_run_influxdb_setup(fake, tmp_path, influxdb_retention_days=7))
     assert 'to(bucket: "telemetry_downsampled")' in fake.tasks[0]["flux"]
     assert len(fake.tasks) == len(scripts)
