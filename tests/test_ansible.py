@@ -312,6 +312,7 @@ def test_placeholder_secret_is_refused(tmp_path, test_secrets):
     assert "Grafana secrets are missing" in result.stdout + result.stderr
 
 
+@pytest.mark.timeout(900)
 def test_site_check_diff_changes_nothing_and_shows_no_secret(tmp_path, test_secrets):
     """`ansible-playbook site.yml --check --diff` against what a run left behind."""
     root = tmp_path / "root"
