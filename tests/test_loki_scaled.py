@@ -365,3 +365,14 @@ def test_molecule_scaled_scenario():
     assert re.search(r"idempotence.*Executed: Successful", output), output[-OUTPUT_TAIL:]
     assert re.search(r"verify.*Executed: Successful", output), output[-OUTPUT_TAIL:]
     assert re.search(r"\d+ passed", output), output[-OUTPUT_TAIL:]
+
+
+def test_only_the_inventory_reaches_the_cluster_ports(rendered):
+    """gRPC and memberlist carry no authentication: DOCKER-USER lets only the inventory's hosts through."""
+    for host, address in CLUSTER.items():
+        (rules_file,) = (rendered / host).rglob("firewall/docker-user.rules")
+        rules = rules_file.read_text()
+        for proto, port in (("tcp", 3100), ("tcp", 9096), ("tcp", 7946), ("udp", 7946)):
+            line = f"-A DOCKER-USER -p {proto} -m conntrack --ctorigdst {address} --ctorigdstport {port} "
+            assert line in rules, (host, proto, port)
+        assert rules.rstrip().endswith("-A TELEMETRY-PRIVATE -j DROP\nCOMMIT")
