@@ -137,7 +137,7 @@ def _loki_config(root: Path, host: str) -> dict:
 
 
 def _caddyfile(root: Path) -> str:
-    return (root / PROXY_HOST / "opt/telemetry/reverse_proxy/Caddyfile").read_text()
+    return (root / PROXY_HOST / "opt/telemetry/reverse_proxy/conf/Caddyfile").read_text()
 
 
 def _site(text: str, domain: str) -> str:

@@ -111,12 +111,15 @@ def test_exactly_one_compactor_applies_retention(host):
 
 def test_limits_and_message_sizes_are_the_single_host_ones(host):
     base = yaml.safe_load((REPO / "compose/loki/loki.yml").read_text())
+    # A single production host: the compose limits under the role's production ingest limits.
+    production = yaml.safe_load((REPO / "ansible/roles/loki/defaults/main.yml").read_text())["loki_ingestion_limits"]
+    expected = {k: v for k, v in {**base["limits_config"], **production}.items() if k != "retention_period"}
     for name in HOSTS:
         config = _config(name)
         for section in ("ingester_client", "frontend_worker", "query_range"):
             assert config[section] == base[section], section
         limits = {k: v for k, v in config["limits_config"].items() if k != "retention_period"}
-        assert limits == {k: v for k, v in base["limits_config"].items() if k != "retention_period"}
+        assert limits == expected
         assert config["server"]["grpc_server_max_recv_msg_size"] == base["server"]["grpc_server_max_recv_msg_size"]
 
 
