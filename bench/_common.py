@@ -1,8 +1,10 @@
-"""Helpers shared by the benchmark scripts: servers from tests/, percentiles."""
+"""Helpers shared by the benchmark scripts: servers from tests/, percentiles, a logger of its own."""
 
 from __future__ import annotations
 
+import logging
 import sys
+import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,3 +29,12 @@ def caller_cost_us(call, samples: int) -> tuple[float, float]:
         timings.append(clock() - start)
     timings.sort()
     return percentile(timings, 0.50) / 1000, percentile(timings, 0.99) / 1000
+
+
+def dedicated_logger(handler: logging.Handler, prefix: str = "bench") -> logging.Logger:
+    """A fresh logger that sends only to `handler`: no root handlers, nothing left from an earlier run."""
+    logger = logging.getLogger(f"{prefix}.{uuid.uuid4().hex[:8]}")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    return logger

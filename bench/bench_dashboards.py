@@ -29,19 +29,13 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "bench"))
+from _common import percentile
 
-from _common import percentile  # noqa: E402
-
-from grafana.builder import downsampling  # noqa: E402
-from simulator import dashboards as dash  # noqa: E402
-from simulator.backfill import FleetShape, backfill  # noqa: E402
-from telemetry_client import cardinality as card  # noqa: E402
+from grafana.builder import downsampling
+from simulator import dashboards as dash
+from simulator.backfill import FleetShape, backfill
+from telemetry_client import cardinality as card
 
 RANGES = {"1h": timedelta(hours=1), "6h": timedelta(hours=6), "24h": timedelta(hours=24), "7d": timedelta(days=7)}
 IN_FLIGHT = 6  # queries a browser runs at once against one Grafana

@@ -24,24 +24,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import sys
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+from _fleet import FLEET, child_process, flood
 
-import psutil  # noqa: E402
-
-from simulator import dashboards as dash  # noqa: E402
-from simulator import fleet as fl  # noqa: E402
-from simulator import load  # noqa: E402
-from simulator import report as rp  # noqa: E402
-from simulator import validate as vd  # noqa: E402
+from simulator import fleet as fl
+from simulator import validate as vd
 
 
 @dataclass
@@ -68,25 +58,6 @@ class Step:
         return self.verdict == "ok"
 
 
-def _self_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _influxd() -> psutil.Process | None:
-    for child in psutil.Process().children(recursive=True):
-        if child.name().startswith("influxd"):
-            return child
-    return None
-
-
-def _cpu(process: psutil.Process | None) -> float:
-    if process is None:
-        return 0.0
-    times = process.cpu_times()
-    return times.user + times.system
-
-
 def run_step(
     step: Step,
     seconds: float,
@@ -98,8 +69,6 @@ def run_step(
     index: int,
 ) -> Step:
     run = fl.RunIdentity(f"bench-{os.getpid()}-{index}", "benchnet", seed=index)
-    specs = fl.build_specs({"miner": 32, "validator": 4, "aggregator": 1, "evaluator": 1}, run.seed)
-    plan = fl.plan_for(specs, step.target_points, window_seconds=2.0, duration=seconds)
     targets = fl.Targets(
         influx_url=influx_url,
         database=database,
@@ -108,29 +77,21 @@ def run_step(
         system_interval=1.0,
         self_metrics_interval=1.0,
     )
-    settings = load.LoadSettings(step.target_points, step.target_lines, seconds, ramp=1.0, processes=processes)
-    influxd = _influxd()
-    cpu_before = (_cpu(influxd), _self_cpu())
-    started = time.monotonic()
-    fleet = load.run_fleet(specs, run, plan, targets, settings)
-    step.close_seconds = time.monotonic() - started - fleet.load_seconds
-    step.influxd_cpu = _cpu(influxd) - cpu_before[0]
-    step.bench_cpu = _self_cpu() - cpu_before[1]
+    result = flood(run, targets, step.target_points, step.target_lines, seconds, processes, child_process("influxd"))
+    fleet = result.fleet
+    step.close_seconds = result.close_seconds
+    step.influxd_cpu = result.server_cpu
+    step.bench_cpu = result.own_cpu
     step.fleet_cpu = fleet.cpu_seconds
     step.load_seconds = fleet.load_seconds
     step.pending_at_end = fleet.pending_at_end
-    # Sustained rate: what was logged after the ramp, over the time after the ramp.
-    ramp_share = load.target_count(step.target_points, 1.0, 1.0)
-    step.points_per_sec = max(0.0, fleet.points_logged - ramp_share) / max(0.001, fleet.load_seconds - 1.0)
-    ramp_lines = load.target_count(step.target_lines, 1.0, 1.0)
-    step.lines_per_sec = max(0.0, fleet.lines_logged - ramp_lines) / max(0.001, fleet.load_seconds - 1.0)
+    step.points_per_sec = result.points_per_sec
+    step.lines_per_sec = result.lines_per_sec
 
-    window = dash.TimeRange(
-        datetime.fromtimestamp(fleet.started_ns / 1e9, UTC) - timedelta(minutes=1),
-        datetime.fromtimestamp(fleet.ended_ns / 1e9, UTC) + timedelta(minutes=1),
-    )
     sent = fleet.metrics["sent_by_key"]
-    rows = vd.account("influxdb", sent, lambda keys: vd.influx_counts(influx, run.run_id, window, keys), settle=5)
+    rows = vd.account(
+        "influxdb", sent, lambda keys: vd.influx_counts(influx, run.run_id, result.window, keys), settle=5
+    )
     step.points_sent = sum(sent.values())
     step.points_stored = sum(row.stored or 0 for row in rows)
     step.lines_sent = int(fleet.logs.get("sent", 0))
@@ -139,18 +100,12 @@ def run_step(
         for entry in receiver.entries  # type: ignore[attr-defined]
         if entry.json().get("run_id") == run.run_id
     )
-    step.client_drops = sum(sum(reasons.values()) for reasons in rp.client_drops(fleet).values())
-    problems = []
-    if fleet.errors:
-        problems.append("fleet error: " + fleet.errors[0].splitlines()[-1])
-    if step.client_drops:
-        problems.append(f"clients dropped {step.client_drops}: {rp.client_drops(fleet)}")
+    step.client_drops = result.client_drops
+    problems = result.problems()
     if step.points_stored != step.points_sent or any(row.stored is None for row in rows):
         problems.append(f"points stored {step.points_stored} != sent {step.points_sent}")
     if step.lines_received != step.lines_sent:
         problems.append(f"lines received {step.lines_received} != sent {step.lines_sent}")
-    if step.points_per_sec < 0.95 * step.target_points or step.lines_per_sec < 0.95 * step.target_lines:
-        problems.append("target rate not sustained")
     # A partial batch waits up to flush_interval (1 s); more than that buffered when the load
     # stops means delivery was falling behind and a longer run would fill the buffer.
     allowed = 1.5 * (step.target_points + step.target_lines)
@@ -176,7 +131,7 @@ def main() -> int:
         print(f"cannot import the test servers: {exc}", file=sys.stderr)
         return 2
     began = time.monotonic()
-    print(f"machine: {os.cpu_count()} cores; fleet: 38 nodes in {args.processes} worker processes")
+    print(f"machine: {os.cpu_count()} cores; fleet: {sum(FLEET.values())} nodes in {args.processes} worker processes")
     try:
         server_cm = influxdb_v1()
         server = server_cm.__enter__()

@@ -25,11 +25,10 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections import Counter
 from dataclasses import dataclass
 
-import _common  # noqa: F401  (puts tests/ on the path)
+from _common import dedicated_logger
 from loki_receiver import MB, Limits, LokiReceiver
 
 from telemetry_client.loki import LokiHandler
@@ -76,10 +75,7 @@ def _run(one_stream_per_push: bool, steady: bool, limits: Limits, flood_lines: i
     try:
         with LokiReceiver(limits=limits) as receiver:
             handler = LokiHandler(receiver.base_url, {"service": "bench"})
-            logger = logging.getLogger(f"bench.delivery.{uuid.uuid4().hex[:8]}")
-            logger.propagate = False
-            logger.setLevel(logging.INFO)
-            logger.addHandler(handler)
+            logger = dedicated_logger(handler, "bench.delivery")
             total = int(STEADY_RATE * STEADY_SECONDS) if steady else flood_lines
             pad = STEADY_PAD if steady else FLOOD_PAD
             start = time.perf_counter()

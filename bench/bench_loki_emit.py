@@ -20,11 +20,10 @@ import gc
 import logging
 import queue
 import time
-import uuid
 import warnings
 
 import logging_loki
-from _common import caller_cost_us
+from _common import caller_cost_us, dedicated_logger
 from loki_receiver import LokiReceiver
 
 from telemetry_client.loki import LokiHandler
@@ -35,14 +34,6 @@ SAMPLES_BLOCKING = 1_000  # one HTTP round trip per call
 THROUGHPUT_LINES = 100_000
 WARMUP = 500
 TAGS = {"service": "bench"}
-
-
-def _logger(handler: logging.Handler) -> logging.Logger:
-    logger = logging.getLogger(f"bench.{uuid.uuid4().hex[:8]}")
-    logger.propagate = False
-    logger.setLevel(logging.INFO)
-    logger.addHandler(handler)
-    return logger
 
 
 def _call(logger: logging.Logger):
@@ -67,36 +58,38 @@ class _NoopHandler(logging.Handler):
 
 
 def bench_baseline() -> tuple[float, float]:
-    return _measure(_call(_logger(_NoopHandler())), SAMPLES_OURS)
+    return _measure(_call(dedicated_logger(_NoopHandler())), SAMPLES_OURS)
+
+
+def _measure_delivered(handler: LokiHandler, call) -> tuple[float, float]:
+    """Caller cost of our handler, then a check that every line measured reached the receiver."""
+    result = _measure(call, SAMPLES_OURS)
+    left = handler.close(30)
+    assert left == 0, f"{left} lines undelivered"
+    return result
 
 
 def bench_ours(receiver: LokiReceiver) -> tuple[float, float]:
     handler = LokiHandler(receiver.base_url, TAGS)
-    result = _measure(_call(_logger(handler)), SAMPLES_OURS)
-    left = handler.close(30)
-    assert left == 0, f"{left} lines undelivered"
-    return result
+    return _measure_delivered(handler, _call(dedicated_logger(handler)))
 
 
 def bench_ours_emit_only(receiver: LokiReceiver) -> tuple[float, float]:
     handler = LokiHandler(receiver.base_url, TAGS)
     record = logging.LogRecord("bench", logging.INFO, __file__, 1, "step %d loss %.4f", (12, 0.4321), None)
-    result = _measure(lambda: handler.emit(record), SAMPLES_OURS)
-    left = handler.close(30)
-    assert left == 0, f"{left} lines undelivered"
-    return result
+    return _measure_delivered(handler, lambda: handler.emit(record))
 
 
 def bench_theirs_blocking(receiver: LokiReceiver) -> tuple[float, float]:
     handler = logging_loki.LokiHandler(url=receiver.push_url, tags=TAGS, version="1")
-    result = _measure(_call(_logger(handler)), SAMPLES_BLOCKING)
+    result = _measure(_call(dedicated_logger(handler)), SAMPLES_BLOCKING)
     handler.close()
     return result
 
 
 def bench_theirs_queue(receiver: LokiReceiver) -> tuple[float, float, float]:
     handler = logging_loki.LokiQueueHandler(queue.Queue(-1), url=receiver.push_url, tags=TAGS, version="1")
-    result = _measure(_call(_logger(handler)), SAMPLES_QUEUE)
+    result = _measure(_call(dedicated_logger(handler)), SAMPLES_QUEUE)
     start = time.perf_counter()
     handler.listener.stop()  # waits until the listener has POSTed every queued record
     drain = time.perf_counter() - start
@@ -108,7 +101,7 @@ def bench_throughput(receiver: LokiReceiver) -> tuple[float, float]:
     """(lines/s delivered end to end, lines/s accepted by emit) with zero loss."""
     receiver.reset()
     handler = LokiHandler(receiver.base_url, TAGS)
-    logger = _logger(handler)
+    logger = dedicated_logger(handler)
     gc.collect()
     start = time.perf_counter()
     for i in range(THROUGHPUT_LINES):

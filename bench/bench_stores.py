@@ -26,29 +26,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 import urllib.parse
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+from _fleet import FLEET, child_process, flood
 
-import psutil  # noqa: E402
-
-from simulator import dashboards as dash  # noqa: E402
-from simulator import fleet as fl  # noqa: E402
-from simulator import load  # noqa: E402
-from simulator import report as rp  # noqa: E402
-from simulator import validate as vd  # noqa: E402
-from telemetry_client import catalog  # noqa: E402
-
-FLEET = {"miner": 32, "validator": 4, "aggregator": 1, "evaluator": 1}
+from simulator import dashboards as dash
+from simulator import fleet as fl
+from simulator import validate as vd
+from telemetry_client import catalog
 
 
 @dataclass
@@ -69,20 +58,6 @@ class Step:
     log_bytes: int = 0
     lines_sent: int = 0
     verdict: str = ""
-
-
-def _process(name: str) -> psutil.Process | None:
-    for child in psutil.Process().children(recursive=True):
-        if child.name().startswith(name):
-            return child
-    return None
-
-
-def _cpu(process: psutil.Process | None) -> float:
-    if process is None:
-        return 0.0
-    times = process.cpu_times()
-    return times.user + times.system
 
 
 def _get_json(url: str) -> dict:
@@ -134,11 +109,9 @@ def _victoria_series(url: str, run_id: str, window: dash.TimeRange) -> Counter:
 
 def run_step(step: Step, seconds: float, processes: int, server, receiver, index: int) -> Step:
     run = fl.RunIdentity(f"cap-{step.store}-{os.getpid()}-{index}", "capnet", seed=index)
-    specs = fl.build_specs(FLEET, run.seed)
-    plan = fl.plan_for(specs, step.target_points, window_seconds=2.0, duration=seconds)
     if step.store == "influxdb":
         targets = fl.Targets(influx_url=server.url, database="bench", api_version=1, loki_url=receiver.base_url)
-        process = _process("influxd")
+        process = child_process("influxd")
     else:
         targets = fl.Targets(
             influx_url=server.url,
@@ -148,20 +121,15 @@ def run_step(step: Step, seconds: float, processes: int, server, receiver, index
             org="o",
             loki_url=receiver.base_url,
         )
-        process = _process("victoria-metrics")
-    settings = load.LoadSettings(step.target_points, step.target_points / 10, seconds, ramp=1.0, processes=processes)
-    cpu_before = _cpu(process)
-    fleet = load.run_fleet(specs, run, plan, targets, settings)
-    step.store_cpu = _cpu(process) - cpu_before
+        process = child_process("victoria-metrics")
+    result = flood(run, targets, step.target_points, step.target_points / 10, seconds, processes, process)
+    fleet = result.fleet
+    window = result.window
+    step.store_cpu = result.server_cpu
     step.store_rss_mib = process.memory_info().rss / 2**20 if process else 0.0
     step.load_seconds = fleet.load_seconds
-    ramp_share = load.target_count(step.target_points, 1.0, 1.0)
-    step.points_per_sec = max(0.0, fleet.points_logged - ramp_share) / max(0.001, fleet.load_seconds - 1.0)
-    step.lines_per_sec = fleet.lines_logged / max(0.001, fleet.load_seconds)
-    window = dash.TimeRange(
-        datetime.fromtimestamp(fleet.started_ns / 1e9, UTC) - timedelta(minutes=1),
-        datetime.fromtimestamp(fleet.ended_ns / 1e9, UTC) + timedelta(minutes=1),
-    )
+    step.points_per_sec = result.points_per_sec
+    step.lines_per_sec = result.lines_per_sec
     sent = fleet.metrics["sent_by_key"]
     if step.store == "influxdb":
         influx = vd.InfluxQL(server.url, "bench")
@@ -179,17 +147,11 @@ def run_step(step: Step, seconds: float, processes: int, server, receiver, index
     mine = [e for e in receiver.entries if e.json().get("run_id") == run.run_id]
     step.lines_sent = int(fleet.logs.get("sent", 0))
     step.log_bytes = sum(len(e.line.encode()) for e in mine)
-    step.client_drops = sum(sum(reasons.values()) for reasons in rp.client_drops(fleet).values())
-    problems = []
-    if fleet.errors:
-        problems.append("fleet error: " + fleet.errors[0].splitlines()[-1])
-    if step.client_drops:
-        problems.append(f"clients dropped {step.client_drops}")
+    step.client_drops = result.client_drops
+    problems = result.problems()
     if step.points_stored != step.points_sent:
         lost = {row.key: (row.sent, row.stored) for row in rows if row.sent != row.stored}
         problems.append(f"stored {step.points_stored} != sent {step.points_sent}: {lost}")
-    if step.points_per_sec < 0.95 * step.target_points:
-        problems.append("target rate not sustained")
     step.verdict = "; ".join(problems) or "ok"
     return step
 
