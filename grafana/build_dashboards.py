@@ -1,4 +1,4 @@
-"""Build the Grafana dashboards in grafana/dashboards/ from Python.
+"""Build the Grafana dashboards in grafana/dashboards/ (InfluxDB) and grafana/dashboards-victoriametrics/ from Python.
 
 Why generated rather than hand-written JSON: six dashboards share the same
 template variables, filters and panel conventions; one function per convention
@@ -6,11 +6,15 @@ keeps them identical, a review reads a few hundred lines of Python instead of
 thousands of lines of JSON, and tests/test_dashboards.py fails when the committed
 JSON differs from what the builder produces (run this after every change).
 
-    python grafana/build_dashboards.py          # rewrite grafana/dashboards/*.json and grafana/downsampling/
+    python grafana/build_dashboards.py          # rewrite both dashboard sets and grafana/downsampling/
     python grafana/build_dashboards.py --check  # exit 1 when they are out of date
 
 The shared builder is the package grafana/builder/ (targets, queries, variables,
 panels); each dashboard is a module of grafana/dashboards_src/ with a build().
+Each dashboard is built twice, once per metrics backend (grafana.builder.backend):
+InfluxQL panels into grafana/dashboards/, MetricsQL panels for VictoriaMetrics into
+grafana/dashboards-victoriametrics/, with the same file names and dashboard uids
+(only one set is provisioned at a time). Loki panels are LogQL in both.
 """
 
 from __future__ import annotations
@@ -26,26 +30,33 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere: grafana.* and te
     sys.path.insert(0, str(ROOT))
 
 from grafana.builder import downsampling  # noqa: E402
+from grafana.builder.backend import Backend, building_for  # noqa: E402
 from grafana.builder.queries import DROP_REASONS  # noqa: E402
 from grafana.dashboards_src import BUILDERS  # noqa: E402
 
 __all__ = ["BUILDERS", "DROP_REASONS", "main", "render"]
 
 OUT_DIR = Path(__file__).resolve().parent / "dashboards"
+VICTORIAMETRICS_OUT_DIR = Path(__file__).resolve().parent / "dashboards-victoriametrics"
 DOWNSAMPLING_DIR = Path(__file__).resolve().parent / "downsampling"
 
 
-def render() -> dict[str, str]:
-    """File name (in grafana/dashboards/) to the exact text the committed file must have."""
-    return {
-        name: json.dumps(build(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-        for name, build in BUILDERS.items()
-    }
+def render(backend: Backend = "influxdb") -> dict[str, str]:
+    """File name to the exact text the committed dashboard must have, for `backend`'s set."""
+    with building_for(backend):
+        return {
+            name: json.dumps(build(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+            for name, build in BUILDERS.items()
+        }
 
 
-def render_all(out: Path, downsampling_out: Path) -> dict[Path, str]:
-    """Every generated file: the dashboards in `out`, the downsampling setup in `downsampling_out`."""
-    files = {out / name: text for name, text in render().items()}
+def render_all(
+    out: Path, downsampling_out: Path, victoriametrics_out: Path = VICTORIAMETRICS_OUT_DIR
+) -> dict[Path, str]:
+    """Every generated file: the InfluxDB dashboards in `out`, the VictoriaMetrics ones in
+    `victoriametrics_out`, the downsampling setup in `downsampling_out`."""
+    files = {out / name: text for name, text in render("influxdb").items()}
+    files.update({victoriametrics_out / name: text for name, text in render("victoriametrics").items()})
     files.update({downsampling_out / name: text for name, text in downsampling.render().items()})
     return files
 
@@ -57,9 +68,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=OUT_DIR)
     parser.add_argument("--downsampling-out", type=Path, default=DOWNSAMPLING_DIR)
+    parser.add_argument("--victoriametrics-out", type=Path, default=VICTORIAMETRICS_OUT_DIR)
     args = parser.parse_args(argv)
     stale = []
-    for path, text in render_all(args.out, args.downsampling_out).items():
+    for path, text in render_all(args.out, args.downsampling_out, args.victoriametrics_out).items():
         current = path.read_text(encoding="utf-8") if path.exists() else None
         if current == text:
             continue

@@ -114,10 +114,20 @@ def test_committed_json_is_what_the_builder_generates() -> None:
 
 def test_builder_check_mode_reports_a_stale_file(tmp_path: Path) -> None:
     builder = _builder()
-    out = ["--out", str(tmp_path / "dashboards"), "--downsampling-out", str(tmp_path / "downsampling")]
+    out = [
+        "--out",
+        str(tmp_path / "dashboards"),
+        "--downsampling-out",
+        str(tmp_path / "downsampling"),
+        "--victoriametrics-out",
+        str(tmp_path / "dashboards-victoriametrics"),
+    ]
     assert builder.main(out) == 0
     assert builder.main(["--check", *out]) == 0
     (tmp_path / "dashboards/logs.json").write_text("{}")
+    assert builder.main(["--check", *out]) == 1
+    assert builder.main(out) == 0
+    (tmp_path / "dashboards-victoriametrics/system.json").write_text("{}")
     assert builder.main(["--check", *out]) == 1
     assert builder.main(out) == 0
     (tmp_path / "downsampling/tasks/system.flux").write_text("")

@@ -1,7 +1,9 @@
 """The shared builder of the Grafana dashboards and alert rules.
 
-- targets: the data sources and query targets (INFLUX, LOKI, influx_target, loki_target)
-- queries: InfluxQL and LogQL text with the standard node filters
+- backend: which metrics store (InfluxDB or VictoriaMetrics) a build writes for
+- targets: the data sources and query targets (INFLUX, VICTORIAMETRICS, LOKI, metrics_target...)
+- queries: backend-neutral panel queries (fleet_and_nodes, worst_nodes, counter_rates...) and LogQL
+- influxql / metricsql: the text of those queries in each metrics language
 - variables: template variables (node_variables and friends)
 - panels: Layout (panel placement) and dashboard (the envelope)
 

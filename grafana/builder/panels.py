@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from grafana.builder.queries import by_time_range
+from grafana.builder.influxql import by_time_range
 from grafana.builder.targets import INFLUX, LOKI, Json
 from grafana.builder.variables import raw_range_variable
 
@@ -56,6 +56,10 @@ class Layout:
         defaults: Json = {"unit": unit}
         if decimals is not None:
             defaults["decimals"] = decimals
+        targets = list(targets)
+        # Several queries' columns make one table, joined on their labels (the raw/long twins
+        # of an InfluxQL target are one query: only one of them answers).
+        merge = kind == "table" and len(targets) > 1
         targets = [
             twin
             for target in targets
@@ -70,6 +74,8 @@ class Layout:
             "fieldConfig": {"defaults": defaults, "overrides": []},
             "options": options or {},
         }
+        if merge:
+            panel["transformations"] = [{"id": "merge", "options": {}}]
         if kind == "timeseries":
             panel["fieldConfig"]["defaults"]["custom"] = {"spanNulls": True, "lineWidth": 1}
             panel["options"] = options or {

@@ -2,13 +2,37 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+from grafana.builder.backend import current_backend
 
 Json = dict[str, Any]
 
-# Fixed uids of grafana/provisioning/datasources/datasources.yml.
+# Fixed uids of the provisioned data sources (grafana/provisioning/datasources/).
 INFLUX: dict[str, str] = {"type": "influxdb", "uid": "influxdb"}
 LOKI: dict[str, str] = {"type": "loki", "uid": "loki"}
+# VictoriaMetrics answers Prometheus's query API: Grafana's Prometheus data source reads it.
+VICTORIAMETRICS: dict[str, str] = {"type": "prometheus", "uid": "victoriametrics"}
+
+# A neutral legend names labels (tags) in braces, e.g. "{uid} gpu{gpu_index}", and
+# the value's own name (a fleet statistic, a counter's alias) as {stat}.
+_LEGEND_NAME = re.compile(r"\{(\w+)\}")
+
+
+def metrics_datasource() -> dict[str, str]:
+    """The metrics data source of the backend being built for."""
+    return VICTORIAMETRICS if current_backend() == "victoriametrics" else INFLUX
+
+
+def influx_alias(legend: str) -> str:
+    """A neutral legend as an InfluxDB alias: $tag_<tag>, and $col for the value's name."""
+    return _LEGEND_NAME.sub(lambda m: "$col" if m.group(1) == "stat" else f"$tag_{m.group(1)}", legend)
+
+
+def prometheus_legend(legend: str) -> str:
+    """A neutral legend as a Prometheus legendFormat: {{label}} (the value's name is the label `stat`)."""
+    return _LEGEND_NAME.sub(lambda m: "{{" + m.group(1) + "}}", legend)
 
 
 def influx_target(ref: str, query: str, alias: str = "", table: bool = False) -> Json:
@@ -22,6 +46,29 @@ def influx_target(ref: str, query: str, alias: str = "", table: bool = False) ->
     if alias:
         target["alias"] = alias
     return target
+
+
+def prometheus_target(ref: str, expr: str, legend: str = "", table: bool = False) -> Json:
+    """A MetricsQL target of the VictoriaMetrics data source; a table is one instant query."""
+    target: Json = {
+        "refId": ref,
+        "datasource": VICTORIAMETRICS,
+        "expr": expr,
+        "editorMode": "code",
+        "format": "table" if table else "time_series",
+        "range": not table,
+        "instant": table,
+    }
+    if legend:
+        target["legendFormat"] = legend
+    return target
+
+
+def metrics_target(ref: str, query: str, legend: str = "", table: bool = False) -> Json:
+    """A target of the metrics backend being built for; `legend` is neutral ({uid}, {stat})."""
+    if current_backend() == "victoriametrics":
+        return prometheus_target(ref, query, prometheus_legend(legend), table)
+    return influx_target(ref, query, influx_alias(legend), table)
 
 
 def loki_target(ref: str, expr: str, legend: str = "", instant: bool = False) -> Json:

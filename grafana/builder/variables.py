@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from grafana.builder.queries import ALWAYS_RAW_MS, LONG_RANGE_MS
-from grafana.builder.targets import INFLUX, LOKI, Json
+from grafana.builder import influxql, metricsql
+from grafana.builder.backend import current_backend
+from grafana.builder.influxql import ALWAYS_RAW_MS, LONG_RANGE_MS
+from grafana.builder.targets import INFLUX, LOKI, VICTORIAMETRICS, Json
 
 
 def _query_variable(
@@ -33,21 +35,29 @@ def _query_variable(
 
 def influx_variable(name: str, label: str, key: str, source: str | None, depends_on: Sequence[str] = ()) -> Json:
     """A SHOW TAG VALUES variable, narrowed by the variables chosen before it."""
-    from_clause = f' FROM "{source}"' if source else ""
-    where = " AND ".join(f'"{dep}" =~ /^${dep}$/' for dep in depends_on)
-    query = f'SHOW TAG VALUES{from_clause} WITH KEY = "{key}"'
-    if where:
-        query += f" WHERE {where}"
+    query = influxql.show_tag_values(key, source, depends_on)
     return _query_variable(name, label, INFLUX, query, query, ".*")
+
+
+def prometheus_variable(name: str, label: str, key: str, source: str | None, depends_on: Sequence[str] = ()) -> Json:
+    """A label_values() variable of the VictoriaMetrics (Prometheus) data source, narrowed the same way."""
+    query = metricsql.label_values(key, source, depends_on)
+    return _query_variable(name, label, VICTORIAMETRICS, query, query, ".*")
+
+
+def metric_variable(name: str, label: str, key: str, source: str | None, depends_on: Sequence[str] = ()) -> Json:
+    """The values of tag `key` (of measurement `source`, or of any) in the backend being built for."""
+    build = prometheus_variable if current_backend() == "victoriametrics" else influx_variable
+    return build(name, label, key, source, depends_on)
 
 
 def node_variables(source: str | None) -> list[Json]:
     """network, role, uid and version, each chained to the ones before it."""
     return [
-        influx_variable("network", "Network", "network", source),
-        influx_variable("role", "Role", "role", source, ("network",)),
-        influx_variable("uid", "UID", "uid", source, ("network", "role")),
-        influx_variable("version", "Version", "version", source, ("network",)),
+        metric_variable("network", "Network", "network", source),
+        metric_variable("role", "Role", "role", source, ("network",)),
+        metric_variable("uid", "UID", "uid", source, ("network", "role")),
+        metric_variable("version", "Version", "version", source, ("network",)),
     ]
 
 

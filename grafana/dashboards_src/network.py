@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from grafana.builder.panels import Layout, dashboard
-from grafana.builder.queries import fleet_and_nodes, fleet_tokens_per_sec_target, influx_select, worst_nodes
-from grafana.builder.targets import Json, influx_target
+from grafana.builder.queries import fleet_and_nodes, fleet_tokens_per_sec_target, node_series, worst_nodes
+from grafana.builder.targets import Json
 from grafana.builder.variables import node_variables
 
 FLEET = "With every node selected: median, p90 and maximum across the nodes; a few chosen in UID: one line each."
@@ -34,18 +34,18 @@ def build() -> Json:
         "Gather success rate",
         f"Share of peers whose gradient arrived, for the nodes and the aggregator. {FLEET_LOW}",
         *fleet_and_nodes("gather_success_rate", "network_status", lowest_is_worst=True),
-        influx_target("C", influx_select('mean("gather_success_rate")', "aggregator_step"), "aggregator $tag_uid"),
+        node_series("C", "mean", "gather_success_rate", "aggregator_step", legend="aggregator {uid}"),
         unit="percentunit",
     )
     ly.table(
         "Furthest behind",
         "The five nodes with the largest sync lag (windows) in the time range.",
-        influx_target("A", worst_nodes("sync_lag_windows", "network_status", agg="max"), table=True),
+        worst_nodes("sync_lag_windows", "network_status", agg="max"),
     )
     ly.table(
         "Lowest gather success",
         "The five nodes whose peers' gradients arrived least often over the time range.",
-        influx_target("A", worst_nodes("gather_success_rate", "network_status", lowest_is_worst=True), table=True),
+        worst_nodes("gather_success_rate", "network_status", lowest_is_worst=True),
     )
     ly.row("Gradient exchange")
     ly.timeseries(
@@ -69,8 +69,8 @@ def build() -> Json:
     ly.timeseries(
         "Aggregation",
         "Gradients the aggregator merged per round, and the time merging took.",
-        influx_target("A", influx_select('last("gradients_gathered")', "aggregator_step"), "gathered $tag_uid"),
-        influx_target("B", influx_select('mean("aggregation_time_s")', "aggregator_step"), "seconds $tag_uid"),
+        node_series("A", "last", "gradients_gathered", "aggregator_step", legend="gathered {uid}"),
+        node_series("B", "mean", "aggregation_time_s", "aggregator_step", legend="seconds {uid}"),
     )
     return dashboard(
         "telemetry-network",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from grafana.builder.panels import Layout, dashboard
 from grafana.builder.queries import fleet_and_nodes, worst_nodes
-from grafana.builder.targets import Json, influx_target
+from grafana.builder.targets import Json
 from grafana.builder.variables import node_variables
 
 FLEET = "With every node selected: median, p90 and maximum across the nodes; a few chosen in UID: one line each."
@@ -12,7 +12,7 @@ FLEET_GPU = (
     "With every node selected: median, p90 and maximum across the devices; with a few nodes chosen in UID: "
     "one line per device."
 )
-GPU = {"by": (), "node_by": ("uid", "gpu_index"), "node_alias": "$tag_uid gpu$tag_gpu_index"}
+GPU = {"by": (), "node_by": ("uid", "gpu_index"), "node_legend": "{uid} gpu{gpu_index}"}
 
 
 def build() -> Json:
@@ -49,12 +49,12 @@ def build() -> Json:
     ly.table(
         "Highest memory use",
         "The five nodes with the highest mean memory use over the time range.",
-        influx_target("A", worst_nodes("memory_percent", "system"), table=True),
+        worst_nodes("memory_percent", "system"),
     )
     ly.table(
         "Fullest disks",
         "The five nodes with the fullest working-directory filesystem in the time range.",
-        influx_target("A", worst_nodes("disk_percent", "system", agg="max"), table=True),
+        worst_nodes("disk_percent", "system", agg="max"),
     )
     ly.row("GPU")
     ly.timeseries(
@@ -91,12 +91,12 @@ def build() -> Json:
     ly.table(
         "Hottest GPUs",
         "The five nodes whose devices ran hottest (highest temperature) in the time range.",
-        influx_target("A", worst_nodes("temperature_c", "gpu", agg="max"), table=True),
+        worst_nodes("temperature_c", "gpu", agg="max"),
     )
     ly.table(
         "Least utilised GPUs",
         "The five nodes whose devices were least busy (mean utilisation) over the time range.",
-        influx_target("A", worst_nodes("utilization_percent", "gpu", lowest_is_worst=True), table=True),
+        worst_nodes("utilization_percent", "gpu", lowest_is_worst=True),
     )
     return dashboard(
         "telemetry-system",

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from grafana.builder.panels import Layout, dashboard
-from grafana.builder.queries import DROP_REASONS, counter_rates, fleet_and_nodes, influx_select
-from grafana.builder.targets import Json, influx_target
-from grafana.builder.variables import influx_variable, node_variables
+from grafana.builder.queries import DROP_REASONS, counter_rates, fleet_and_nodes, most_dropped_nodes
+from grafana.builder.targets import Json
+from grafana.builder.variables import metric_variable, node_variables
 
 
 def build() -> Json:
@@ -14,44 +14,39 @@ def build() -> Json:
     ly.timeseries(
         "Records queued per second",
         "Records accepted by log()/emit(), per sink (influxdb, loki).",
-        influx_target("A", counter_rates({"queued": "queued"}), "$tag_sink"),
+        counter_rates({"queued": "queued"}),
         unit="short",
     )
     ly.timeseries(
         "Records sent per second",
         "Points and log lines the servers accepted, per sink.",
-        influx_target("A", counter_rates({"sent": "sent"}), "$tag_sink"),
+        counter_rates({"sent": "sent"}),
         unit="short",
     )
     ly.timeseries(
         "Retries and batches per second",
         "Requests retried and requests accepted, per sink.",
-        influx_target("A", counter_rates({"retries": "retries"}), "retries $tag_sink"),
-        influx_target("B", counter_rates({"batches": "batches"}), "batches $tag_sink"),
+        counter_rates({"retries": "retries"}, legend="retries {sink}"),
+        counter_rates({"batches": "batches"}, ref="B", legend="batches {sink}"),
     )
     ly.timeseries(
         "Bytes sent per second",
         "Compressed bytes the servers accepted, per sink.",
-        influx_target("A", counter_rates({"bytes_sent": "bytes_sent"}), "$tag_sink"),
+        counter_rates({"bytes_sent": "bytes_sent"}),
         unit="Bps",
     )
     ly.row("Drops and backlog")
     ly.timeseries(
         "Dropped per second, by reason",
         "Records the client dropped, by reason and sink. Anything but sampled_out deserves a look.",
-        influx_target(
-            "A",
-            counter_rates({reason: f"dropped_{reason}" for reason in DROP_REASONS}),
-            "$col $tag_sink",
-        ),
+        counter_rates({reason: f"dropped_{reason}" for reason in DROP_REASONS}, legend="{stat} {sink}"),
         width=24,
     )
-    sink_filter = '"sink" =~ /^$sink$/'
     fleet = (
         "With every node selected: median, p90 and maximum across the processes, per sink; with a few chosen "
         "in UID: one line per node and sink."
     )
-    per_sink = {"by": ("sink",), "node_agg": "last", "extra_where": sink_filter}
+    per_sink = {"by": ("sink",), "node_agg": "last", "filters": ("sink",)}
     ly.timeseries(
         "Pending records",
         f"Records buffered and not yet delivered. {fleet}",
@@ -63,28 +58,16 @@ def build() -> Json:
         *fleet_and_nodes("pending_bytes", "telemetry_client", **per_sink),
         unit="bytes",
     )
-    latest = influx_select(
-        'last("dropped") AS "dropped", last("queued") AS "queued", last("sent") AS "sent", '
-        'last("retries") AS "retries", last("pending") AS "pending"',
-        "telemetry_client",
-        by=("uid", "runtime_id", "sink"),
-        extra_where=sink_filter,
-        per_interval=False,
-    )
     ly.table(
         "Nodes with the most drops",
         "The ten nodes whose processes dropped the most records (cumulative counters, latest value, "
         "the worst process and sink of each node).",
-        influx_target(
-            "A",
-            f'SELECT top("dropped", "uid", 10) AS "dropped", "queued", "sent", "retries", "pending" FROM ({latest})',
-            table=True,
-        ),
+        *most_dropped_nodes(10),
         width=24,
     )
     variables = [
         *node_variables("telemetry_client"),
-        influx_variable("sink", "Sink", "sink", "telemetry_client", ("network",)),
+        metric_variable("sink", "Sink", "sink", "telemetry_client", ("network",)),
     ]
     return dashboard(
         "telemetry-health",

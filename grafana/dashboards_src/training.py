@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from grafana.builder.panels import Layout, dashboard
 from grafana.builder.queries import fleet_and_nodes, fleet_tokens_per_sec_target, worst_nodes
-from grafana.builder.targets import Json, influx_target
+from grafana.builder.targets import Json
 from grafana.builder.variables import node_variables
 
 FLEET = "With every miner selected: median, p90 and maximum across the miners; a few chosen in UID: one line each."
@@ -45,12 +45,12 @@ def build() -> Json:
     ly.table(
         "Slowest miners",
         "The five miners with the lowest mean throughput over the time range.",
-        influx_target("A", worst_nodes("tokens_per_sec", "training_step", lowest_is_worst=True), table=True),
+        worst_nodes("tokens_per_sec", "training_step", lowest_is_worst=True),
     )
     ly.table(
         "Fewest steps",
         "The five miners that logged the fewest training steps in the time range: stalled or silent for part of it.",
-        influx_target("A", worst_nodes("global_step", "training_step", agg="count", lowest_is_worst=True), table=True),
+        worst_nodes("global_step", "training_step", agg="count", lowest_is_worst=True),
     )
     ly.timeseries(
         "Global step",

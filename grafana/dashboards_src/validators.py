@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from grafana.builder.panels import Layout, dashboard
-from grafana.builder.queries import fleet_and_nodes, influx_select, worst_nodes
-from grafana.builder.targets import Json, influx_target
-from grafana.builder.variables import influx_variable, node_variables
+from grafana.builder.queries import fleet_and_nodes, node_series, worst_nodes
+from grafana.builder.targets import Json
+from grafana.builder.variables import metric_variable, node_variables
 
 
 def build() -> Json:
@@ -14,31 +14,30 @@ def build() -> Json:
     ly.timeseries(
         "Evaluation loss before and after the gradients",
         "Mean loss on the evaluation data before and after applying the miners' gradients.",
-        influx_target("A", influx_select('mean("loss_before")', "validator_window"), "before $tag_uid"),
-        influx_target("B", influx_select('mean("loss_after")', "validator_window"), "after $tag_uid"),
+        node_series("A", "mean", "loss_before", "validator_window", legend="before {uid}"),
+        node_series("B", "mean", "loss_after", "validator_window", legend="after {uid}"),
     )
     ly.timeseries(
         "Improvement",
         "Relative loss improvement, (before - after) / before, per validator.",
-        influx_target("A", influx_select('mean("improvement")', "validator_window"), "$tag_uid"),
+        node_series("A", "mean", "improvement", "validator_window"),
         unit="percentunit",
     )
     ly.timeseries(
         "Miners evaluated per window",
         "How many miners each validator evaluated.",
-        influx_target("A", influx_select('last("evaluated_uids")', "validator_window"), "$tag_uid"),
+        node_series("A", "last", "evaluated_uids", "validator_window"),
     )
     ly.timeseries(
         "Validator window",
         "Window each validator evaluated last.",
-        influx_target("A", influx_select('max("window")', "validator_window"), "$tag_uid"),
+        node_series("A", "max", "window", "validator_window"),
     )
     ly.row("Scores and weights per evaluated miner")
-    eval_filter = '"eval_uid" =~ /^$eval_uid$/'
     per_miner = {
-        "extra_where": eval_filter,
+        "filters": ("eval_uid",),
         "node_by": ("eval_uid",),
-        "node_alias": "$tag_eval_uid",
+        "node_legend": "{eval_uid}",
         "variable": "eval_uid",
     }
     fleet = (
@@ -63,38 +62,28 @@ def build() -> Json:
     ly.table(
         "Highest weights",
         "The ten evaluated miners with the highest mean weight over the time range (selected validators).",
-        influx_target(
-            "A",
-            worst_nodes("weight", "validator_scores", count=10, tag="eval_uid", extra_where=eval_filter),
-            table=True,
-        ),
+        worst_nodes("weight", "validator_scores", count=10, tag="eval_uid", filters=("eval_uid",)),
     )
     ly.table(
         "Lowest scores",
         "The ten evaluated miners with the lowest mean score over the time range (selected validators).",
-        influx_target(
-            "A",
-            worst_nodes(
-                "score", "validator_scores", count=10, tag="eval_uid", lowest_is_worst=True, extra_where=eval_filter
-            ),
-            table=True,
-        ),
+        worst_nodes("score", "validator_scores", count=10, tag="eval_uid", lowest_is_worst=True, filters=("eval_uid",)),
     )
     ly.row("Evaluator benchmarks")
     ly.timeseries(
         "Benchmark score per task",
         "Checkpoint benchmark scores reported by the evaluator.",
-        influx_target("A", influx_select('last("score")', "evaluator_benchmark", by=("task",)), "$tag_task"),
+        node_series("A", "last", "score", "evaluator_benchmark", by=("task",), legend="{task}"),
     )
     ly.timeseries(
         "Benchmark duration",
         "Time each benchmark took.",
-        influx_target("A", influx_select('mean("duration_s")', "evaluator_benchmark", by=("task",)), "$tag_task"),
+        node_series("A", "mean", "duration_s", "evaluator_benchmark", by=("task",), legend="{task}"),
         unit="s",
     )
     variables = [
         *node_variables(None),
-        influx_variable("eval_uid", "Evaluated UID", "eval_uid", "validator_scores", ("network", "uid")),
+        metric_variable("eval_uid", "Evaluated UID", "eval_uid", "validator_scores", ("network", "uid")),
     ]
     return dashboard(
         "telemetry-validators",
