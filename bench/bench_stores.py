@@ -24,11 +24,8 @@ fleet's own CPU, not the store, sets the highest rate (bench_flood.py).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
-import urllib.parse
-import urllib.request
 from collections import Counter
 from dataclasses import dataclass
 
@@ -37,7 +34,7 @@ from _fleet import FLEET, child_process, flood
 from simulator import dashboards as dash
 from simulator import fleet as fl
 from simulator import validate as vd
-from telemetry_client import catalog
+from simulator import victoria as vm
 
 
 @dataclass
@@ -60,31 +57,6 @@ class Step:
     verdict: str = ""
 
 
-def _get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=60) as response:
-        return json.loads(response.read())
-
-
-def _victoria_counts(url: str, run_id: str, window: dash.TimeRange, keys) -> dict[str, int]:
-    """Points per measurement: the largest sample count among its numeric fields' series."""
-    with urllib.request.urlopen(f"{url}/internal/force_flush", timeout=60):
-        pass
-    seconds = max(1, (window.end_ms - window.start_ms) // 1000)
-    counts = {}
-    for name in keys:
-        measurement = next((m for m in catalog.MEASUREMENTS if m.name == name), None)
-        fields = [f.name for f in measurement.fields if f.kind == "float"] if measurement else []
-        names = "|".join(f"{name}_{field}" for field in fields) or f"{name}_.*"
-        expr = (
-            f'max(sum by (__name__) (count_over_time({{__name__=~"{names}", runtime_id=~"{run_id}-.*"}}'
-            f"[{seconds}s]) keep_metric_names))"
-        )
-        query = urllib.parse.urlencode({"query": expr, "time": f"{window.end_ms / 1000:.3f}"})
-        result = _get_json(f"{url}/api/v1/query?{query}")["data"]["result"]
-        counts[name] = int(float(result[0]["value"][1])) if result else 0
-    return counts
-
-
 def _influx_series(influx: vd.InfluxQL, run_id: str) -> Counter:
     results = influx.query(f'SHOW SERIES WHERE "runtime_id" =~ /^{dash.influx_regex_escape(run_id)}-/')
     roles: Counter = Counter()
@@ -94,17 +66,6 @@ def _influx_series(influx: vd.InfluxQL, run_id: str) -> Counter:
                 role = next((part.split("=", 1)[1] for part in key.split(",") if part.startswith("role=")), "?")
                 roles[role] += 1
     return roles
-
-
-def _victoria_series(url: str, run_id: str, window: dash.TimeRange) -> Counter:
-    query = urllib.parse.urlencode(
-        {
-            "query": f'count by (role) ({{runtime_id=~"{run_id}-.*"}})',
-            "time": f"{window.end_ms / 1000:.3f}",
-        }
-    )
-    result = _get_json(f"{url}/api/v1/query?{query}")["data"]["result"]
-    return Counter({r["metric"].get("role", "?"): int(float(r["value"][1])) for r in result})
 
 
 def run_step(step: Step, seconds: float, processes: int, server, receiver, index: int) -> Step:
@@ -136,10 +97,9 @@ def run_step(step: Step, seconds: float, processes: int, server, receiver, index
         rows = vd.account("influxdb", sent, lambda keys: vd.influx_counts(influx, run.run_id, window, keys), settle=5)
         by_role = _influx_series(influx, run.run_id)
     else:
-        rows = vd.account(
-            "victoria", sent, lambda keys: _victoria_counts(server.url, run.run_id, window, keys), settle=5
-        )
-        by_role = _victoria_series(server.url, run.run_id, window)
+        prom = vm.PromQL(server.url)
+        rows = vd.account("victoria", sent, lambda keys: vm.stored_counts(prom, run.run_id, window, keys), settle=5)
+        by_role = Counter(vm.series_by_label(prom, "role", run.run_id, window))
     step.points_sent = sum(sent.values())
     step.points_stored = sum(row.stored or 0 for row in rows)
     step.series_by_role = dict(by_role)

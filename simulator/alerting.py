@@ -34,6 +34,8 @@ from simulator.faults import ActiveFault
 
 REPO = Path(__file__).resolve().parents[1]
 ALERTING_DIR = REPO / "grafana" / "alerting"
+# The rule set provisioned with each metrics backend (same uids, the metrics queries in its language).
+ALERTING_DIRS = {"influxdb": ALERTING_DIR, "victoriametrics": REPO / "grafana" / "alerting-victoriametrics"}
 
 
 def _repository_on_path() -> None:
@@ -53,6 +55,12 @@ class InfluxSource(Protocol):
 
 class LokiSource(Protocol):
     def instant(self, expr: str, at_ns: int) -> Any: ...
+
+
+class PrometheusSource(Protocol):
+    """VictoriaMetrics' Prometheus query API (simulator/victoria.py), straight or through Grafana."""
+
+    def instant(self, expr: str, at_ms: int) -> Any: ...
 
 
 @dataclass
@@ -156,8 +164,29 @@ def loki_results(data: Any, at_ms: int) -> ex.Results:
     return out or [ex.NO_DATA]
 
 
+def prometheus_results(data: Any, at_ms: int) -> ex.Results:
+    """An instant query's vector as one-point series, labels from the metric (`__name__` included).
+
+    Grafana's Prometheus data source labels each series' value field with the whole
+    metric, and turns NaN into a null with a NaN entity that the expressions read
+    back as NaN (grafana/grafana pkg/promlib/converter/testdata/prom-vector-frame.jsonc).
+    """
+    out: ex.Results = []
+    if isinstance(data, dict) and data.get("resultType") == "vector":
+        for sample in data.get("result") or []:
+            value = (sample.get("value") or [0, "NaN"])[1]
+            out.append(ex.Series(dict(sample.get("metric") or {}), ((at_ms, float(value)),)))
+    elif isinstance(data, dict) and data.get("resultType") == "scalar":
+        out.append(ex.Series({}, ((at_ms, float(data["result"][1])),)))
+    return out or [ex.NO_DATA]
+
+
 def run_query(
-    query: Mapping[str, Any], influx: InfluxSource | None, loki: LokiSource | None, at_ms: int
+    query: Mapping[str, Any],
+    influx: InfluxSource | None,
+    loki: LokiSource | None,
+    at_ms: int,
+    prometheus: PrometheusSource | None = None,
 ) -> ex.Results | None:
     """One data source query over its window ending at `at_ms`; None when its data source is not available."""
     window = query["relativeTimeRange"]
@@ -175,6 +204,15 @@ def run_query(
         # $__range is the query's window (pkg/tsdb/loki interpolation); an instant query runs at its end.
         expr = model["expr"].replace("$__range", f"{max(1, (end - start) // 1000)}s")
         return loki_results(loki.instant(expr, end * 1_000_000), end)
+    if query["datasourceUid"] == "victoriametrics":
+        if prometheus is None:
+            return None
+        if not model.get("instant"):
+            raise ex.ExpressionError(f"{model.get('refId')}: only instant Prometheus queries are modelled")
+        # $__range is the query's window in whole seconds (pkg/promlib/models/query.go interpolateVariables).
+        expr = model["expr"].replace("${__range}", "$__range")
+        expr = expr.replace("$__range", f"{max(1, round((end - start) / 1000))}s")
+        return prometheus_results(prometheus.instant(expr, end), end)
     raise ex.ExpressionError(f"unknown data source {query['datasourceUid']}")
 
 
@@ -194,7 +232,7 @@ def _expression(model: Mapping[str, Any], variables: Mapping[str, ex.Results]) -
 
 def evaluate_rule(
     group: str, rule: Mapping[str, Any], influx: InfluxSource | None, loki: LokiSource | None, at_ms: int,
-    expected: bool,
+    expected: bool, prometheus: PrometheusSource | None = None,
 ) -> AlertCheck:  # fmt: skip
     check = AlertCheck(rule["uid"], rule["title"], group, NORMAL, False, expected)
     variables: dict[str, ex.Results] = {}
@@ -204,7 +242,7 @@ def evaluate_rule(
             if query["datasourceUid"] == "__expr__":
                 variables[query["refId"]] = _expression(query["model"], variables)
                 continue
-            results = run_query(query, influx, loki, at_ms)
+            results = run_query(query, influx, loki, at_ms, prometheus)
             if results is None:
                 check.status, check.message = SKIPPED, f"no {query['datasourceUid']} data source in this run"
                 return check
@@ -234,6 +272,7 @@ def evaluate(
     at_ms: int,
     faults: Sequence[ActiveFault] = (),
     load_seconds: float = MIN_RUN_SECONDS,
+    prometheus: PrometheusSource | None = None,
 ) -> list[AlertCheck]:
     """Every rule at `at_ms` (where the load ended), judged against the faults."""
     expected = expected_rules(faults)
@@ -243,4 +282,6 @@ def evaluate(
             AlertCheck(rule["uid"], rule["title"], group, SKIPPED, False, rule["uid"] in expected, message)
             for group, rule in rules
         ]
-    return [evaluate_rule(group, rule, influx, loki, at_ms, rule["uid"] in expected) for group, rule in rules]
+    return [
+        evaluate_rule(group, rule, influx, loki, at_ms, rule["uid"] in expected, prometheus) for group, rule in rules
+    ]

@@ -6,6 +6,11 @@ INFLUXDB_ORG, INFLUXDB_API_VERSION, INFLUXDB_TOKEN, INFLUXDB_USERNAME,
 INFLUXDB_PASSWORD, LOKI_URL and LOKI_USERNAME/LOKI_PASSWORD/LOKI_BEARER_TOKEN),
 so the simulator reaches exactly what a node configured the same way reaches.
 Secrets are read from the environment or from files, never from flags.
+
+The metrics store is InfluxDB or VictoriaMetrics (METRICS_BACKEND, as the stack's
+own switch). Nodes write InfluxDB line protocol either way; with VictoriaMetrics
+the dashboards, the accounting and the alert rules run MetricsQL at its
+Prometheus query API (VICTORIAMETRICS_URL).
 """
 
 from __future__ import annotations
@@ -32,9 +37,17 @@ from simulator import fleet as fl
 from simulator import load
 from simulator import report as rp
 from simulator import validate as vd
+from simulator import victoria as vm
 from simulator.grafana_api import GrafanaClient, GrafanaError
 
-DATASOURCE_TYPES = ("influxdb", "loki")
+DATASOURCE_TYPES = ("influxdb", "prometheus", "loki")
+METRICS_BACKENDS = ("influxdb", "victoriametrics")
+# The Grafana data source type each backend's dashboards and rules query.
+METRICS_DATASOURCE = {"influxdb": "influxdb", "victoriametrics": "prometheus"}
+DASHBOARD_DIRS = {
+    "influxdb": dash.GRAFANA_DIR / "dashboards",
+    "victoriametrics": dash.GRAFANA_DIR / "dashboards-victoriametrics",
+}
 # Stores make writes visible after a moment; this is how long a missing count is re-checked.
 DEFAULT_SETTLE = 5.0
 
@@ -145,7 +158,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds the fleet may take to deliver what is buffered at the end (default: 30)",
     )
     target = parser.add_argument_group("stack (flags win over the environment)")
-    target.add_argument("--influxdb-url", help="InfluxDB base URL (env INFLUXDB_URL, or INFLUXDB_HOST/INFLUXDB_PORT)")
+    target.add_argument(
+        "--metrics-backend",
+        choices=METRICS_BACKENDS,
+        help="the stack's metrics store (env METRICS_BACKEND; default: influxdb). Nodes write InfluxDB line "
+        "protocol to either; with victoriametrics the dashboards (grafana/dashboards-victoriametrics), the "
+        "accounting and the alert rules run MetricsQL at --victoriametrics-url",
+    )
+    target.add_argument(
+        "--victoriametrics-url",
+        help="where VictoriaMetrics answers queries (env VICTORIAMETRICS_URL): a single node's URL, e.g. "
+        "http://localhost:8428, or a cluster's http://<vmselect>:8481/select/0/prometheus; "
+        "a single node takes the writes there too (default of --influxdb-url); read credentials from env "
+        "VICTORIAMETRICS_USERNAME/VICTORIAMETRICS_PASSWORD or VICTORIAMETRICS_BEARER_TOKEN",
+    )
+    target.add_argument(
+        "--influxdb-url",
+        help="where the nodes write metrics (env INFLUXDB_URL, or INFLUXDB_HOST/INFLUXDB_PORT): InfluxDB's base "
+        "URL; with --metrics-backend victoriametrics the base of its line protocol endpoint, a single node's "
+        "URL (default: --victoriametrics-url) or a cluster's http://<vminsert>:8480/insert/0/influx",
+    )
     target.add_argument("--influxdb-database", help="database (1.x) or bucket (2.x) (env INFLUXDB_DATABASE; telemetry)")
     target.add_argument("--influxdb-org", help="organisation, InfluxDB 2.x (env INFLUXDB_ORG; default: telemetry)")
     target.add_argument(
@@ -176,14 +208,15 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--dashboards",
         type=Path,
-        default=dash.DASHBOARDS_DIR,
-        help="directory of dashboard JSON files (default: grafana/dashboards)",
+        help="directory of dashboard JSON files (default: grafana/dashboards, or "
+        "grafana/dashboards-victoriametrics with --metrics-backend victoriametrics)",
     )
     check.add_argument(
         "--datasource",
         action="append",
         choices=DATASOURCE_TYPES,
-        help="validate only queries of this data source type (repeatable; default: all); others are SKIPPED",
+        help="validate only queries of this data source type (repeatable; default: the metrics backend's "
+        "(influxdb, or prometheus for VictoriaMetrics) and loki); others are SKIPPED",
     )
     check.add_argument(
         "--min-interval",
@@ -211,8 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--alerting",
         type=Path,
-        default=al.ALERTING_DIR,
-        help="directory of the generated alerting files (default: grafana/alerting)",
+        help="directory of the generated alerting files (default: grafana/alerting, or "
+        "grafana/alerting-victoriametrics with --metrics-backend victoriametrics)",
     )
     check.add_argument("--no-validate", action="store_true", help="flood only: no dashboard queries, no accounting")
     check.add_argument("--report", type=Path, help="write the JSON report to this file")
@@ -236,10 +269,18 @@ class Stack:
     loki_url: str | None
     grafana: GrafanaClient | None
     loki_query_url: str | None = None
+    backend: str = "influxdb"
+    victoria_url: str | None = None
+    victoria_headers: tuple[tuple[str, str], ...] = ()
 
     @property
     def loki_read_url(self) -> str | None:
         return self.loki_query_url or self.loki_url
+
+    @property
+    def metrics_datasource(self) -> str:
+        """The Grafana data source type of the metrics store's dashboards and rules."""
+        return METRICS_DATASOURCE[self.backend]
 
 
 def _read_secret(path: str | None, variable: str) -> str | None:
@@ -256,11 +297,22 @@ def _read_secret(path: str | None, variable: str) -> str | None:
 
 def resolve_stack(args: argparse.Namespace) -> Stack:
     """Flags first, then the client library's environment variables."""
+    backend = args.metrics_backend or _env("METRICS_BACKEND") or "influxdb"
+    if backend not in METRICS_BACKENDS:
+        raise UsageError(f"METRICS_BACKEND must be one of {', '.join(METRICS_BACKENDS)}, got {backend!r}")
     url = args.influxdb_url or _env("INFLUXDB_URL")
     if not url and _env("INFLUXDB_HOST"):
         host = _env("INFLUXDB_HOST") or ""
         scheme = "http" if host in ("localhost", "127.0.0.1", "::1") else "https"
         url = f"{scheme}://{host}:{_env('INFLUXDB_PORT') or 8086}"
+    victoria = (args.victoriametrics_url or _env("VICTORIAMETRICS_URL") or "").rstrip("/") or None
+    if backend == "victoriametrics":
+        if not url and not victoria:
+            raise UsageError(
+                "no VictoriaMetrics: pass --victoriametrics-url or set VICTORIAMETRICS_URL (a single node takes the "
+                "writes there too; a cluster's vminsert goes in --influxdb-url)"
+            )
+        url, victoria = url or victoria, victoria or (url or "").rstrip("/")
     if not url:
         raise UsageError("no InfluxDB: pass --influxdb-url or set INFLUXDB_URL (or INFLUXDB_HOST/INFLUXDB_PORT)")
     version_text = args.influxdb_api_version or _env("INFLUXDB_API_VERSION") or 2
@@ -272,6 +324,11 @@ def resolve_stack(args: argparse.Namespace) -> Stack:
         raise UsageError(f"InfluxDB API version must be 1 or 2, got {api_version}")
     token = _read_secret(args.influxdb_token_file, "INFLUXDB_TOKEN")
     if api_version == 2 and not token:
+        if backend == "victoriametrics":
+            raise UsageError(
+                "the nodes send a token with /api/v2/write: set INFLUXDB_TOKEN or pass --influxdb-token-file "
+                "(the one VictoriaMetrics' auth proxy expects; a VictoriaMetrics without auth accepts any)"
+            )
         raise UsageError(
             "InfluxDB API v2 needs a token: set INFLUXDB_TOKEN or pass --influxdb-token-file "
             "(for InfluxDB 1.x pass --influxdb-api-version 1)"
@@ -299,6 +356,9 @@ def resolve_stack(args: argparse.Namespace) -> Stack:
         loki_url=(args.loki_url or _env("LOKI_URL") or "").rstrip("/") or None,
         grafana=grafana,
         loki_query_url=(args.loki_query_url or _env("LOKI_QUERY_URL") or "").rstrip("/") or None,
+        backend=backend,
+        victoria_url=victoria if backend == "victoriametrics" else None,
+        victoria_headers=vm.headers_from_env(os.environ) if backend == "victoriametrics" else (),
     )
 
 
@@ -344,7 +404,7 @@ def ensure_database(stack: Stack) -> None:
     created when the credentials allow it (an admin, or no auth); otherwise the run
     stops here with one sentence saying what to do.
     """
-    if stack.api_version != 1:
+    if stack.api_version != 1 or stack.backend != "influxdb":
         return
     listed = _influxql_post(stack, "SHOW DATABASES")
     names = {row[0] for series in listed["series"] for row in series.get("values") or [] if row}
@@ -414,13 +474,15 @@ def public_settings(args: argparse.Namespace, stack: Stack, run: fl.RunIdentity)
         "processes": args.processes,
         "window_seconds": args.window_seconds,
         "seed": run.seed,
+        "metrics_backend": stack.backend,
         "influxdb_url": without_userinfo(stack.influx_url),
+        "victoriametrics_url": without_userinfo(stack.victoria_url),
         "influxdb_database": stack.database,
         "influxdb_api_version": stack.api_version,
         "loki_url": without_userinfo(stack.loki_url),
         "grafana_url": without_userinfo(stack.grafana.url) if stack.grafana else None,
         "dashboards": str(args.dashboards),
-        "datasources": sorted(args.datasource or DATASOURCE_TYPES),
+        "datasources": sorted(selected_datasources(args, stack)),
         "min_interval": args.min_interval,
     }
 
@@ -443,8 +505,8 @@ def runners_for(stack: Stack, selected: Sequence[str]) -> dict[str, vd.Runner]:
     if stack.grafana is not None:
         through = vd.ThroughGrafana(stack.grafana)
         return {kind: through for kind in selected}
-    if "influxdb" in selected:
-        runners["influxdb"] = influxql(stack)
+    if stack.metrics_datasource in selected:
+        runners[stack.metrics_datasource] = promql(stack) if stack.backend == "victoriametrics" else influxql(stack)
     if "loki" in selected:
         runners["loki"] = (
             lokiql(stack.loki_read_url)
@@ -467,6 +529,16 @@ def lokiql(url: str) -> vd.LokiQL:
     return vd.LokiQL(url, tuple(headers))
 
 
+def promql(stack: Stack) -> vm.PromQL:
+    """VictoriaMetrics' Prometheus query API, with the read credentials of the environment."""
+    return vm.PromQL(stack.victoria_url or stack.influx_url, stack.victoria_headers)
+
+
+def selected_datasources(args: argparse.Namespace, stack: Stack) -> list[str]:
+    """The data source types to validate: as chosen, else the metrics backend's and Loki."""
+    return list(args.datasource or (stack.metrics_datasource, "loki"))
+
+
 def influxql(stack: Stack) -> vd.InfluxQL:
     return vd.InfluxQL.for_server(
         stack.influx_url,
@@ -484,7 +556,11 @@ def execute(args: argparse.Namespace, line_counter: LineCounter | None = None) -
     Loki endpoint cannot answer queries, e.g. a conformance receiver in tests.
     """
     stack = resolve_stack(args)
-    check_reachable(f"{stack.influx_url}/ping", "InfluxDB")
+    if stack.victoria_url:
+        check_reachable(f"{stack.victoria_url}/api/v1/labels", "VictoriaMetrics")
+    check_reachable(f"{stack.influx_url}/ping", "InfluxDB" if stack.backend == "influxdb" else "the metrics write URL")
+    args.dashboards = args.dashboards or DASHBOARD_DIRS[stack.backend]
+    args.alerting = args.alerting or al.ALERTING_DIRS[stack.backend]
     if not args.no_validate and not args.dashboards.is_dir():
         raise UsageError(f"--dashboards {args.dashboards} is not a directory")
     run = fl.RunIdentity(args.run_id or f"sim-{secrets.token_hex(4)}", args.network, args.seed)
@@ -523,7 +599,7 @@ def execute(args: argparse.Namespace, line_counter: LineCounter | None = None) -
             datetime.fromtimestamp(fleet.started_ns / 1e9 - 1, UTC),
             datetime.fromtimestamp(fleet.ended_ns / 1e9 + 1, UTC),
         )
-        selected = args.datasource or list(DATASOURCE_TYPES)
+        selected = selected_datasources(args, stack)
         dashboards = dash.load_dashboards(args.dashboards)
         checks = vd.check_dashboards(
             dashboards,
@@ -579,29 +655,53 @@ def evaluate_alerts(
 ) -> list[al.AlertCheck]:
     """Every provisioned rule, evaluated where the load ended, with the run's settings."""
     ended_ms = int((fleet.started_ns + fleet.load_seconds * 1e9) / 1e6)
+    sources: dict[str, Any] = {}
     if stack.grafana is not None:
         wide = dash.TimeRange(
             datetime.fromtimestamp(fleet.started_ns / 1e9 - 3600, UTC), datetime.fromtimestamp(ended_ms / 1e3 + 60, UTC)
         )
-        influx: Any = vd.GrafanaInfluxQL(stack.grafana, uids.get("influxdb", "influxdb"), wide)
-        loki: Any = vd.GrafanaLogQL(stack.grafana, uids.get("loki", "loki"))
+        sources["influxdb"] = vd.GrafanaInfluxQL(stack.grafana, uids.get("influxdb", "influxdb"), wide)
+        sources["prometheus"] = vm.GrafanaPromQL(stack.grafana, uids.get("prometheus", "victoriametrics"))
+        sources["loki"] = vd.GrafanaLogQL(stack.grafana, uids.get("loki", "loki"))
     else:
-        influx = influxql(stack)
-        loki = lokiql(stack.loki_read_url) if stack.loki_read_url else None
+        sources["influxdb"] = influxql(stack)
+        sources["prometheus"] = promql(stack)
+        sources["loki"] = lokiql(stack.loki_read_url) if stack.loki_read_url else None
     kinds = {f.kind for f in faults}
-    if "influxdb-down" in kinds:
-        influx = vd.InfluxQL(REFUSED_URL, stack.database)
+    if "metrics-down" in kinds:
+        sources["influxdb"], sources["prometheus"] = vd.InfluxQL(REFUSED_URL, stack.database), vm.PromQL(REFUSED_URL)
     if "loki-down" in kinds:
-        loki = vd.LokiQL(REFUSED_URL)
-    if "influxdb" not in selected:
-        influx = None
+        sources["loki"] = vd.LokiQL(REFUSED_URL)
+    for kind in ("influxdb", "prometheus"):
+        if kind not in selected or kind != stack.metrics_datasource:
+            sources[kind] = None
     if "loki" not in selected or not stack.loki_url:
-        loki = None
+        sources["loki"] = None
+    if stack.backend != "influxdb" and not args.alerting.is_dir():
+        return []  # no rule set generated for this backend
     try:
         rules = al.load_rules(al.run_settings(fleet.load_seconds, args.window_seconds), args.alerting)
     except (OSError, ValueError, KeyError) as exc:
         raise UsageError(f"cannot read the alert rules in {args.alerting}: {exc}") from None
-    return al.evaluate(rules, influx, loki, ended_ms, faults, fleet.load_seconds)
+    return al.evaluate(
+        rules, sources["influxdb"], sources["loki"], ended_ms, faults, fleet.load_seconds, sources["prometheus"]
+    )
+
+
+def metrics_counter(
+    stack: Stack, fleet: load.FleetResult, wide: dash.TimeRange, uids: Mapping[str, str]
+) -> Callable[[Sequence[str]], Mapping[str, int]]:
+    """What counts the metrics store's points for the run: straight at the store, or through Grafana."""
+    run_id = fleet.run.run_id
+    if stack.backend == "victoriametrics":
+        prom: vm.PromQL | vm.GrafanaPromQL = promql(stack)
+        if stack.grafana is not None:
+            prom = vm.GrafanaPromQL(stack.grafana, uids.get("prometheus", "victoriametrics"))
+        return lambda keys: vm.stored_counts(prom, run_id, wide, keys)
+    influx: vd.InfluxQL | vd.GrafanaInfluxQL = influxql(stack)
+    if stack.grafana is not None:
+        influx = vd.GrafanaInfluxQL(stack.grafana, uids.get("influxdb", "influxdb"), wide)
+    return lambda keys: vd.influx_counts(influx, run_id, wide, keys)
 
 
 def account_delivery(
@@ -620,16 +720,11 @@ def account_delivery(
     uids = uids or {}
     # Timestamps come from the nodes' clocks; a minute of slack either side costs nothing.
     wide = dash.TimeRange(window.start - timedelta(minutes=1), window.end + timedelta(minutes=1))
-    influx: vd.InfluxQL | vd.GrafanaInfluxQL = influxql(stack)
     loki: vd.LokiQL | vd.GrafanaLogQL | None = lokiql(stack.loki_read_url) if stack.loki_read_url else None
     if stack.grafana is not None:  # count through Grafana too: its credentials are all the run needs
-        influx = vd.GrafanaInfluxQL(stack.grafana, uids.get("influxdb", "influxdb"), wide)
         loki = vd.GrafanaLogQL(stack.grafana, uids.get("loki", "loki"))
     rows = vd.account(
-        "influxdb",
-        fleet.metrics.get("sent_by_key") or {},
-        lambda keys: vd.influx_counts(influx, fleet.run.run_id, wide, keys),
-        settle,
+        stack.backend, fleet.metrics.get("sent_by_key") or {}, metrics_counter(stack, fleet, wide, uids), settle
     )
     sent_lines = vd.lines_by_level(fleet.logs.get("sent_by_key") or {})
     if sent_lines:

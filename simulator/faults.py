@@ -3,8 +3,9 @@
 `--fault KIND[:uid=N][@SECONDS]`, repeatable: KIND on node N (default: the first node
 of a role the fault fits), from SECONDS after the load starts (default: half-way).
 Node faults change what the node sends, through the same client as always; the store
-faults (influxdb-down, loki-down) point the rule evaluation at a closed port, as a
-Grafana whose data source refuses connections would see it.
+faults (metrics-down, loki-down) point the rule evaluation at a closed port, as a
+Grafana whose data source refuses connections would see it. `influxdb-down` is the
+older name of `metrics-down` and still works.
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
         ("miner", "validator", "aggregator", "evaluator"),
     ),
     "error-burst": ("every log line of the node is an error", ("miner", "validator", "aggregator", "evaluator")),
-    "influxdb-down": ("the rules' InfluxDB refuses connections", ()),
+    "metrics-down": ("the rules' metrics store (InfluxDB or VictoriaMetrics) refuses connections", ()),
     "loki-down": ("the rules' Loki refuses connections", ()),
 }
+# Older names that still work.
+ALIASES: dict[str, str] = {"influxdb-down": "metrics-down"}
 # Drop reasons a fault causes on purpose: not counted as lost records.
 EXPECTED_DROPS: dict[str, frozenset[str]] = {"drops": frozenset({"none_value"})}
 STORE_FAULTS = frozenset(kind for kind, (_, roles) in KINDS.items() if not roles)
@@ -56,10 +59,11 @@ class Fault:
     @classmethod
     def parse(cls, text: str) -> Fault:
         match = _SPEC.match(text.strip())
-        if not match or match.group("kind") not in KINDS:
+        kind = ALIASES.get(match.group("kind"), match.group("kind")) if match else ""
+        if not match or kind not in KINDS:
             raise ValueError(f"bad fault {text!r}: expected KIND[:uid=N][@SECONDS] with KIND one of {', '.join(KINDS)}")
         at = match.group("at")
-        return cls(match.group("kind"), match.group("uid"), float(at) if at is not None else None)
+        return cls(kind, match.group("uid"), float(at) if at is not None else None)
 
 
 @dataclass(frozen=True)

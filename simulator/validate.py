@@ -263,6 +263,12 @@ class ThroughGrafana:
             if _label_values_call(text) is not None:
                 return Outcome(SKIPPED, "Loki variables are resolved by Grafana's resource API, not /api/ds/query")
             target.update({"expr": text, "queryType": "instant" if query.instant else "range", "maxLines": 1000})
+        elif query.datasource_type == "prometheus":
+            if query.source == "variable":
+                return Outcome(SKIPPED, "Prometheus variables are resolved by Grafana's resource API, not ds/query")
+            # pkg/promlib/models/query.go: `instant` or `range` (neither means range), `format`.
+            target.update({"expr": text, "instant": query.instant, "range": not query.instant})
+            target["format"] = "table" if query.table else "time_series"
         else:
             target["query"] = text
         try:

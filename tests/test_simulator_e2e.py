@@ -47,6 +47,11 @@ ENV_NAMES = (
     "GRAFANA_TOKEN",
     "GRAFANA_USER",
     "GRAFANA_PASSWORD",
+    "METRICS_BACKEND",
+    "VICTORIAMETRICS_URL",
+    "VICTORIAMETRICS_USERNAME",
+    "VICTORIAMETRICS_PASSWORD",
+    "VICTORIAMETRICS_BEARER_TOKEN",
 )
 # A small, fast flood: 1 s buckets so that rate panels (derivatives) get several in a few seconds.
 QUICK = ["--duration", "3", "--ramp", "0.5", "--window-seconds", "1", "--min-interval", "1"]

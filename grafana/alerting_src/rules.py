@@ -313,7 +313,7 @@ def influxdb_unavailable() -> Rule:
         exec_err_reason="this is the rule that reports a failing InfluxDB; the others keep their last state",
         panel=PanelLink("telemetry-health", "Records sent per second"),
         pending=PENDING,
-        fired_by=("influxdb-down",),
+        fired_by=("metrics-down",),
     )
 
 

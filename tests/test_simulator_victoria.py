@@ -1,0 +1,220 @@
+"""The simulator on VictoriaMetrics: the fleet writes line protocol to a real victoria-metrics, and every
+dashboard query, count and alert rule runs as MetricsQL against it.
+
+Debian's victoria-metrics (tests/servers.py) takes MetricsLogger's `/api/v2/write`
+and answers the Prometheus query API; logs go to the Loki conformance receiver,
+whose query API tests/grafana_receiver.py serves (--loki-query-url).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from grafana_receiver import GrafanaReceiver, LokiSource
+from loki_receiver import LokiReceiver
+from servers import VictoriaMetrics
+from test_simulator_e2e import clean_env  # noqa: F401  (the developer's environment stays out)
+
+from simulator import dashboards as dash
+from simulator import validate as vd
+from simulator import victoria as vm
+from simulator.cli import main
+from telemetry_client.catalog import CATALOG
+from telemetry_client.metrics import MetricsLogger
+from telemetry_client.shipping import BufferSettings
+
+QUICK = ["--duration", "3", "--ramp", "0.5", "--window-seconds", "1", "--min-interval", "1"]
+QUICK += ["--self-metrics-interval", "0.5", "--system-interval", "0.5", "--settle", "10", "--quiet"]
+FLEET = ["--processes", "0", "--miners", "4", "--validators", "2", "--points-per-sec", "600"]
+
+
+def victoria_args(server: VictoriaMetrics) -> list[str]:
+    return ["--metrics-backend", "victoriametrics", "--victoriametrics-url", server.url]
+
+
+@pytest.fixture
+def token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The nodes' write token: this VictoriaMetrics has no auth and takes any."""
+    monkeypatch.setenv("INFLUXDB_TOKEN", "victoria-takes-any-token")
+
+
+@pytest.fixture
+def stack(victoria_server: VictoriaMetrics, token: None) -> Iterator[list[str]]:
+    with LokiReceiver() as loki, GrafanaReceiver({"loki": LokiSource(loki)}, token="glsa_test") as grafana:
+        yield [*victoria_args(victoria_server), "--loki-url", loki.base_url, "--loki-query-url", grafana.url]
+
+
+def simulate(stack: list[str], tmp_path: Path, *extra: str) -> tuple[int, dict[str, Any]]:
+    report = tmp_path / "report.json"
+    code = main([*stack, *QUICK, *FLEET, *extra, "--report", str(report)])
+    return code, json.loads(report.read_text())
+
+
+def samples(server: VictoriaMetrics, metric: str, run_id: str) -> int:
+    """Samples of one metric for the run, read back through /api/v1/export (not the simulator's counting)."""
+    series = server.export(f'{{__name__="{metric}", runtime_id=~"{run_id}-.*"}}')
+    return sum(len(s["values"]) for s in series)
+
+
+# ---------------------------------------------------------------- the query runner
+
+
+def _query(text: str, source: str = "panel", instant: bool = False) -> dash.Query:
+    return dash.Query("d", "D", source, "t", 1 if source == "panel" else None, "A", "prometheus", "vm", text, instant)
+
+
+@pytest.fixture
+def written(victoria_server: VictoriaMetrics) -> tuple[str, dash.TimeRange]:
+    """Forty points of a measurement with two numeric fields and a string one, from one MetricsLogger."""
+    measurement = f"vmcheck{datetime.now(UTC).strftime('%H%M%S%f')}"
+    logger = MetricsLogger(
+        url=victoria_server.url, token="any", org="o", database="b", uid=7, role="miner", runtime_id="vmrun.1-0",
+        buffer=BufferSettings(flush_interval=0.05), self_metrics_interval=None,
+    )  # fmt: skip
+    now = datetime.now(UTC)
+    for index in range(40):
+        at = now - timedelta(seconds=40 - index)
+        logger.log(measurement, fields={"loss": index / 10, "window": index, "note": "text"}, timestamp=at)
+    assert logger.flush(10) == 0 and logger.stats()["sent"] == 40
+    logger.close(1)
+    victoria_server.wait_for_series(f'{{__name__=~"{measurement}_.*"}}', 3)
+    return measurement, dash.TimeRange(now - timedelta(seconds=60), now + timedelta(seconds=1))
+
+
+def test_range_instant_and_variable_queries_report_what_came_back(
+    victoria_server: VictoriaMetrics, written: tuple[str, dash.TimeRange]
+) -> None:
+    measurement, window = written
+    runner = vm.PromQL(victoria_server.url)
+    step = timedelta(seconds=5)
+    ranged = runner.run(_query(""), f"avg_over_time({measurement}_loss[5s])", window, step)
+    assert ranged.status == vd.OK and ranged.series == 1 and 8 <= ranged.values <= 13, ranged
+    counted = f"sum by (uid) (count_over_time({measurement}_loss[1m]))"
+    instant = runner.run(_query("", instant=True), counted, window, step)
+    assert (instant.status, instant.series, instant.values) == (vd.OK, 1, 1)
+    offered = runner.run(_query("", "variable"), f"label_values({measurement}_loss, uid)", window, step)
+    assert (offered.status, offered.values) == (vd.OK, 1)
+    assert runner.variable(*vm.variable_call(f"label_values({measurement}_window, role)"), window) == ["miner"]
+    names = runner.variable(*vm.variable_call(f"metrics({measurement}_)"), window)
+    assert sorted(names) == [f"{measurement}_{f}" for f in ("loss", "note", "window")]  # a string field is 0
+    empty = runner.run(_query(""), f'{measurement}_loss{{uid="nobody"}}', window, step)
+    assert empty.status == vd.EMPTY and empty.values == 0
+    broken = runner.run(_query(""), f"sum({measurement}_loss", window, step)
+    assert broken.status == vd.ERROR and "HTTP 422" in broken.message and "unparsed data" in broken.message
+    unreachable = vm.PromQL("http://127.0.0.1:1").run(_query(""), "up", window, step)
+    assert unreachable.status == vd.ERROR and "unreachable" in unreachable.message
+
+
+def test_counts_are_the_points_one_logger_wrote(
+    victoria_server: VictoriaMetrics, written: tuple[str, dash.TimeRange]
+) -> None:
+    measurement, window = written
+    runner = vm.PromQL(victoria_server.url)
+    # Not in the catalog: every `<measurement>_*` series counts, the fullest one is the point count.
+    assert vm.stored_counts(runner, "vmrun.1", window, [measurement]) == {measurement: 40}
+    # The run id is a literal prefix of runtime_id: "." matches only itself.
+    assert vm.stored_counts(runner, "vmrunx1", window, [measurement, "training_step"]) == {
+        measurement: 0,
+        "training_step": 0,
+    }
+
+
+def test_regex_and_string_escapes_keep_a_run_id_literal() -> None:
+    assert vm.regex_escape("sim-a.b(c)") == r"sim-a\.b\(c\)"
+    assert vm.string_literal('a"b\\c') == '"a\\"b\\\\c"'
+    assert vm.variable_call('label_values(training_step_loss{network=~"$network"}, uid)') == (
+        "label_values",
+        json.dumps(['training_step_loss{network=~"$network"}', "uid"]),
+    )
+    assert vm.variable_call("label_values(uid)") == ("label_values", json.dumps(["", "uid"]))
+    assert vm.variable_call("query_result(max(x))") == ("query_result", "max(x)")
+    assert vm.variable_call("sum(x)") is None
+
+
+# ---------------------------------------------------------------- the simulator end to end
+
+
+def test_a_run_on_victoriametrics_accounts_for_every_point_and_line(
+    stack: list[str], victoria_server: VictoriaMetrics, tmp_path: Path
+) -> None:
+    (tmp_path / "none").mkdir()
+    code, report = simulate(stack, tmp_path, "--run-id", "sim-vm1", "--dashboards", str(tmp_path / "none"))
+    assert code == 0, report["summary"]
+    assert report["settings"]["metrics_backend"] == "victoriametrics"
+    assert report["settings"]["victoriametrics_url"] == victoria_server.url
+    sent = report["fleet"]["metrics"]["sent_by_key"]
+    assert set(sent) == set(CATALOG) and report["summary"]["lost"] == 0
+    rows = {row["key"]: row for row in report["delivery"] if row["store"] == "victoriametrics"}
+    assert set(rows) == set(CATALOG)
+    assert all(row["ok"] and row["stored"] == sent[key] for key, row in rows.items())
+    assert [row for row in report["delivery"] if row["store"] == "loki"] and all(r["ok"] for r in report["delivery"])
+    # Read back independently of the simulator's counting: the store holds what the clients sent.
+    assert samples(victoria_server, "training_step_loss", "sim-vm1") == sent["training_step"]
+    assert samples(victoria_server, "system_cpu_percent", "sim-vm1") == sent["system"]
+
+
+def test_points_the_store_does_not_hold_are_reported_lost(
+    stack: list[str], victoria_server: VictoriaMetrics, tmp_path: Path
+) -> None:
+    """Writes to a VictoriaMetrics other than the one queried: every point is missing, exit bit 4."""
+    (tmp_path / "none").mkdir()
+    from servers import victoria_metrics
+
+    with victoria_metrics() as elsewhere:
+        argv = [*stack, "--influxdb-url", elsewhere.url, "--run-id", "sim-vm2", "--dashboards", str(tmp_path / "none")]
+        code, report = simulate(argv, tmp_path, "--settle", "2", "--duration", "1.5")
+    assert code & 4 and not code & 8, report["summary"]
+    rows = [row for row in report["delivery"] if row["store"] == "victoriametrics"]
+    assert rows and all(row["stored"] == 0 and row["sent"] > 0 for row in rows)
+    assert report["summary"]["lost"] == sum(row["sent"] for row in rows)
+
+
+def test_a_drops_fault_is_expected_and_nothing_is_lost(stack: list[str], tmp_path: Path) -> None:
+    (tmp_path / "none").mkdir()
+    code, report = simulate(
+        stack, tmp_path, "--dashboards", str(tmp_path / "none"), "--duration", "10", "--fault", "drops@3"
+    )
+    assert code == 0, report["summary"]
+    assert report["fleet"]["metrics"]["dropped_by_reason"]["none_value"] > 0
+    assert report["summary"]["client_drops"] == {} and report["summary"]["lost"] == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--metrics-backend", "victoriametrics"], {}, "no VictoriaMetrics: pass --victoriametrics-url"),
+        ([], {"METRICS_BACKEND": "prometheus"}, "METRICS_BACKEND must be one of influxdb, victoriametrics"),
+        (["--metrics-backend", "victoriametrics", "--victoriametrics-url", "http://127.0.0.1:1"], {},
+         "VictoriaMetrics at http://127.0.0.1:1/api/v1/labels is unreachable"),
+    ],
+)  # fmt: skip
+def test_a_wrong_backend_setting_is_a_usage_error(
+    argv: list[str],
+    env: dict[str, str],
+    message: str,
+    token: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main([*argv, *QUICK]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_backend_comes_from_the_environment_as_the_stack_sets_it(
+    victoria_server: VictoriaMetrics, token: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("METRICS_BACKEND", "victoriametrics")
+    monkeypatch.setenv("VICTORIAMETRICS_URL", victoria_server.url)
+    (tmp_path / "none").mkdir()
+    report = tmp_path / "report.json"
+    argv = [*QUICK, *FLEET, "--duration", "1.5", "--dashboards", str(tmp_path / "none"), "--report", str(report)]
+    assert main(argv) == 0
+    settings = json.loads(report.read_text())["settings"]
+    assert settings["metrics_backend"] == "victoriametrics" and settings["influxdb_url"] == victoria_server.url
