@@ -56,7 +56,11 @@ def simulate(stack: list[str], tmp_path: Path, *extra: str) -> tuple[int, dict[s
 
 
 def samples(server: VictoriaMetrics, metric: str, run_id: str) -> int:
-    """Samples of one metric for the run, read back through /api/v1/export (not the simulator's counting)."""
+    """Samples of one metric for the run, read back through /api/v1/export (not the simulator's counting).
+
+    The export sees samples once they are flushed into searchable parts (about a second after the write).
+    """
+    server.flush()
     series = server.export(f'{{__name__="{metric}", runtime_id=~"{run_id}-.*"}}')
     return sum(len(s["values"]) for s in series)
 
