@@ -18,12 +18,16 @@ Everything else is refused by the `valid_*` checks so the caller can count it.
 from __future__ import annotations
 
 import math
+import re
 
 _ESCAPE_MEASUREMENT = str.maketrans({",": r"\,", " ": r"\ "})
 _ESCAPE_KEY = str.maketrans({",": r"\,", "=": r"\=", " ": r"\ "})
 _ESCAPE_STRING = str.maketrans({'"': r"\"", "\\": r"\\"})
 _UNREPRESENTABLE = ("\n", "\r", "\t", "\\", "\x00")
 RESERVED_KEYS = frozenset({"time", "_field", "_measurement"})
+# A measurement as `escape_measurement` writes it: up to the first comma or space not escaped.
+_MEASUREMENT_PREFIX = re.compile(rb"(?:[^\\, ]|\\.)*")
+_UNESCAPE = re.compile(rb"\\(.)")
 
 
 def valid_name(name: object) -> bool:
@@ -44,6 +48,12 @@ def valid_measurement(name: object) -> bool:
 
 def escape_measurement(name: str) -> str:
     return name.translate(_ESCAPE_MEASUREMENT)
+
+
+def measurement_of(line: bytes) -> str:
+    """The measurement name a line starts with (a valid name holds no backslash: each one escapes)."""
+    match = _MEASUREMENT_PREFIX.match(line)
+    return _UNESCAPE.sub(rb"\1", match.group() if match else b"").decode()
 
 
 def escape_key(key: str) -> str:

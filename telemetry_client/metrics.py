@@ -123,9 +123,6 @@ class InfluxSink:
     """Encodes records into line protocol for one logger's identity and endpoint."""
 
     name = "influxdb"
-    # Sealed batches keep their lines: after a refusal `on_rejected` must know which
-    # lines the server named. Counted in the buffer's byte bound like the body.
-    retains_items = True
 
     def __init__(
         self,
@@ -246,6 +243,20 @@ class InfluxSink:
 
     def build_body(self, items: Sequence[Item]) -> bytes:
         return b"".join(item[0] for item in items)
+
+    def items_in_body(self, body: bytes, count: int) -> bool:
+        """True when every line of `body` is one item (no string field holds a newline).
+
+        Then a sealed batch keeps only its compressed body, and `items_from_body`
+        gives the lines back if the server refuses some of them.
+        """
+        return body.count(b"\n") == count
+
+    def items_from_body(self, body: bytes) -> list[Item]:
+        """The items of a body `items_in_body` accepted: its lines, with their measurement as key."""
+        lines = body.split(b"\n")
+        lines.pop()  # the body ends with a newline
+        return [(line + b"\n", len(line) + 1, lp.measurement_of(line)) for line in lines]
 
     def on_rejected(self, items: Sequence[Item], response: Response) -> Verdict | None:
         """Which lines of a refused batch InfluxDB stored (counted sent), refused, or must get again.

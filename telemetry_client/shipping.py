@@ -113,6 +113,11 @@ class Sink(Protocol):
         """Called on the sender thread at every wake-up; for periodic work such as self-metrics."""
 
     # Optional: `extra_stats() -> dict[str, int]`, counters of the sink merged into `Channel.stats()`.
+    # Optional, together: `items_in_body(body: bytes, count: int) -> bool`, True when
+    # `items_from_body(body) -> list[Item]` gives back exactly the `count` items of this
+    # uncompressed body. Then a sealed batch keeps only its compressed body, and the
+    # items are rebuilt when a refusal or a 429 needs them. Without them a sealed
+    # batch keeps its items too (counted in the byte bound).
 
 
 class Counter:
@@ -139,7 +144,8 @@ class _Batch:
 
     Sealing builds and compresses the request body once, so a buffer that fills
     through an outage holds compressed bytes, and retries re-send the same body.
-    Items are kept after sealing only for sinks that need them in `on_rejected`.
+    Items are kept after sealing only when the sink cannot rebuild them from the
+    body (see `Sink`): `on_rejected` and a split after 429s need them.
     """
 
     items: list[Item] = field(default_factory=list)
@@ -163,7 +169,7 @@ class Channel:
         self.sink = sink
         self.settings = settings or BufferSettings()
         self._engine = get_engine()
-        self._retains_items = bool(getattr(sink, "retains_items", True))
+        self._items_in_body = getattr(sink, "items_in_body", None)
         self._batch_per_key = bool(getattr(sink, "batch_per_key", False))
         self._reset_state()
         self._engine.register(self)
@@ -209,9 +215,12 @@ class Channel:
             return
         intake = self._intake
         if len(intake) >= self._intake_limit:
-            with contextlib.suppress(IndexError):
+            try:
                 intake.popleft()
-            self._intake_drops.add()
+            except IndexError:  # the sender took them all meanwhile: nothing dropped
+                pass
+            else:
+                self._intake_drops.add()
         intake.append(record)
         engine = self._engine
         if not engine.running:
@@ -256,7 +265,8 @@ class Channel:
         items = batch.items
         batch.count = len(items)
         try:
-            batch.body = self.sink.transport.encode_body(self.sink.build_body(items))
+            raw = self.sink.build_body(items)
+            batch.body = self.sink.transport.encode_body(raw)
         except Exception:
             self._drop("encode_error", batch.count)
             warn.warning(f"{self.sink.name}:body", "%s: could not build a request", self.sink.name, exc_info=True)
@@ -264,14 +274,26 @@ class Channel:
         counts = batch.key_counts
         for item in items:
             counts[item[2]] = counts.get(item[2], 0) + 1
-        if not self._retains_items:
-            batch.items = []
+        if self._items_in_body is not None and self._items_in_body(raw, batch.count):
+            batch.items = []  # rebuilt from the body if a refusal needs them (`_items_of`)
         if append:
             self._backlog.append(batch)
         else:
             self._backlog.appendleft(batch)
         self._backlog_items += batch.count
         self._backlog_bytes += batch.memory
+
+    def _items_of(self, batch: _Batch) -> list[Item]:
+        """A sealed batch's items: those it kept, or rebuilt from its body; [] when neither works."""
+        if batch.items or not batch.count or self._items_in_body is None:
+            return batch.items
+        name = self.sink.name
+        try:
+            items = self.sink.items_from_body(self.sink.transport.decode_body(batch.body))  # type: ignore[attr-defined]
+        except Exception:
+            warn.warning(f"{name}:rebuild", "%s: could not rebuild a batch's items", name, exc_info=True)
+            return []
+        return items if len(items) == batch.count else []
 
     def _pop_oldest(self) -> _Batch:
         batch = self._backlog.popleft()
@@ -402,11 +424,12 @@ class Channel:
             if response is not None and response.status < 500 and response.status not in RETRYABLE_STATUS:
                 return self._rejected(batch, response)
             refill = None
-            if response is not None and response.status == TOO_MANY_REQUESTS and batch.items:
+            items = self._items_of(batch) if response is not None and response.status == TOO_MANY_REQUESTS else []
+            if items:
                 batch.throttled += 1
-                if self._stored_despite_throttle(batch, response):
+                if self._stored_despite_throttle(batch, items, response):
                     return False
-                handled, refill = self._throttled(batch, response)
+                handled, refill = self._throttled(batch, items, response)
                 if handled:
                     return False
             self._schedule_retry(response, error, refill)
@@ -456,9 +479,10 @@ class Channel:
             message,
         )
         verdict = None
-        if batch.items:
+        items = self._items_of(batch)
+        if items:
             try:
-                verdict = self.sink.on_rejected(batch.items, response)
+                verdict = self.sink.on_rejected(items, response)
             except Exception:
                 warn.warning(f"{self.sink.name}:on_rejected", "%s: on_rejected failed", self.sink.name, exc_info=True)
         self._pop_oldest()
@@ -478,7 +502,7 @@ class Channel:
             self._seal(_Batch(resend, sum(i[1] for i in resend), batch.created), append=False)
         return True
 
-    def _stored_despite_throttle(self, batch: _Batch, response: Response) -> bool:
+    def _stored_despite_throttle(self, batch: _Batch, items: list[Item], response: Response) -> bool:
         """A 429 after which the server kept part of the batch (the sink's `on_throttled` says which).
 
         The stored items are counted sent; the others are sealed again, first in line,
@@ -488,7 +512,7 @@ class Channel:
         verdict = None
         if describe is not None:
             try:
-                verdict = describe(batch.items, response)
+                verdict = describe(items, response)
             except Exception:
                 warn.warning(f"{self.sink.name}:on_throttled", "%s: on_throttled failed", self.sink.name, exc_info=True)
         if verdict is None or not verdict.stored:
@@ -505,7 +529,7 @@ class Channel:
         self._schedule_retry(response, None)
         return True
 
-    def _throttled(self, batch: _Batch, response: Response) -> tuple[bool, float | None]:
+    def _throttled(self, batch: _Batch, items: list[Item], response: Response) -> tuple[bool, float | None]:
         """A batch answered 429 again: halve it (it may exceed the server's burst), or drop a lone item that never fits.
 
         A rate limiter refuses a request larger than its burst forever, and Loki's
@@ -525,7 +549,7 @@ class Channel:
         if batch.count > 1 and batch.throttled >= SPLIT_AFTER_429S:
             self._pop_oldest()
             half = batch.count // 2
-            for part in (batch.items[half:], batch.items[:half]):  # the first half ends up first
+            for part in (items[half:], items[:half]):  # the first half ends up first
                 piece = _Batch(list(part), sum(i[1] for i in part), batch.created, throttled=batch.throttled - 1)
                 self._seal(piece, append=False)
             self.retries += 1
@@ -540,7 +564,7 @@ class Channel:
                 message,
             )
             return True, None
-        size = batch.items[0][1]
+        size = items[0][1]
         if batch.count == 1 and batch.throttled >= GIVE_UP_AFTER_429S and limit is not None and size > limit:
             self._pop_oldest()
             self._drop(reason)

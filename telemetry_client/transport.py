@@ -128,6 +128,10 @@ class HttpTransport:
         """Compress `body` when gzip is on (level 1: most of the gain for little CPU)."""
         return gzip.compress(body, compresslevel=1, mtime=0) if self.compress else body
 
+    def decode_body(self, body: bytes) -> bytes:
+        """The uncompressed form of a body `encode_body` made."""
+        return gzip.decompress(body) if self.compress else body
+
     def start(self, body: bytes, timeout_cap: float | None = None) -> Pending:
         """Send a POST of an already-encoded body; the caller reads the answer with `finish()`."""
         read = self.read_timeout if timeout_cap is None else max(0.05, min(self.read_timeout, timeout_cap))

@@ -53,6 +53,29 @@ def test_field_type_conflict_on_influxdb_1x(influx_db):
     assert "field type conflict" in stats["last_error"]
 
 
+@pytest.mark.parametrize("note", ["one line", "two\nlines"], ids=["rebuilt-from-body", "kept-items"])
+def test_a_refusal_of_a_sealed_batch_counts_each_measurement_exactly(influx_db, note):
+    """A sealed batch keeps only its gzip body; after a refusal its lines are read back from it.
+
+    Measurement names with a comma and a space must come back as the keys they
+    were counted under. A text field holding a newline (InfluxDB 1.6.7 stores it)
+    makes a line span two: then the batch keeps its items instead.
+    """
+    server, database = influx_db
+    _write_raw(server, database, f"steps count=1i {TS - 10}\n".encode())
+    logger = _v1_logger(server, database)
+    logger.log("steps", fields={"count": 2}, timestamp=TS)  # a float: refused by the shard
+    logger.log("my,odd name", fields={"loss": 0.5}, timestamp=TS + 1)
+    logger.log("other", fields={"note": note}, timestamp=TS + 2)
+    assert logger.flush(10) == 0
+    stats = logger.stats()
+    logger.close(1)
+    assert [row["note"] for row in server.rows("SELECT note FROM other", database)] == [note]
+    assert len(server.rows('SELECT loss FROM "my,odd name"', database)) == 1
+    assert (stats["sent"], stats["dropped_by_reason"]) == (2, {"rejected": 1})
+    assert stats["sent_by_key"] == {"my,odd name": 1, "other": 1}
+
+
 def _post(server, database: str, body: bytes) -> Response:
     request = urllib.request.Request(f"{server.url}/write?db={database}&precision=n", data=body, method="POST")
     try:

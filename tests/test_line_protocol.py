@@ -10,6 +10,8 @@ from influxdb_client import Point
 
 from telemetry_client import line_protocol as lp
 from telemetry_client.fields import FieldEncoder
+from telemetry_client.metrics import InfluxSink
+from telemetry_client.transport import HttpTransport
 
 # Text with the characters line protocol treats specially, plus unicode.
 tricky_text = st.text(
@@ -65,3 +67,24 @@ def test_format_float_matches_point_rules():
     assert lp.format_float(1e20) == "1e+20"
     assert lp.format_float(5e-324) == "5e-324"
     assert lp.format_field('say "hi" \\o/') == '"say \\"hi\\" \\\\o/"'
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    points=st.lists(
+        st.tuples(tricky_text, st.dictionaries(tricky_text, numbers | tricky_text, min_size=1, max_size=4)),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_a_batch_body_gives_back_its_items_when_each_is_one_line(points):
+    """What a sealed InfluxDB batch keeps (its body) is enough to rebuild its items, keys included."""
+    sink = InfluxSink(HttpTransport("http://127.0.0.1:9/write"), {"uid": "1"}, 1024, 10.0, None)
+    items: list = []
+    for measurement, fields in points:
+        sink.encode((measurement, None, fields, 1, False, False), items.append, lambda reason, count: None)
+    body = sink.build_body(items)
+    rebuildable = sink.items_in_body(body, len(items))
+    assert rebuildable == all(item[0].count(b"\n") == 1 for item in items)
+    if rebuildable:
+        assert sink.items_from_body(sink.transport.decode_body(sink.transport.encode_body(body))) == items

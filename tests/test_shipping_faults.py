@@ -122,6 +122,49 @@ def test_outage_that_overflows_drops_the_oldest_and_counts_them():
     logger.close(1)
 
 
+def test_an_outage_holds_sealed_batches_compressed_only():
+    """A sealed batch keeps only its gzip body, so the same max_bytes keeps many more points through an outage.
+
+    Points of about 150 bytes: max_bytes 128 KiB holds fewer than 900 of them
+    uncompressed (as sealed batches once did, lines and body), their gzip bodies
+    several thousand.
+    """
+    port = free_port()
+    max_bytes = 128 * 1024
+    logger = _logger(f"http://127.0.0.1:{port}", max_bytes=max_bytes, batch_bytes=32 * 1024, batch_items=500)
+    fields = {f"field_{k}": k * 0.5 for k in range(9)}
+    points = 30_000
+    for i in range(points):
+        logger.log("outage", fields={**fields, "i": i})
+        if i % 100 == 99:
+            time.sleep(0.005)  # the pace of a training loop: the sender encodes and seals as it goes
+    time.sleep(0.5)  # connection refused, again and again
+    with fault_server(port) as server:
+        assert logger.flush(30) == 0
+        received = sorted(_ids(server.lines))
+        raw_bytes = sum(len(line) + 1 for line in server.lines)
+    stats = logger.stats()
+    logger.close(1)
+    assert received[-1] == points - 1, "the newest points survive"
+    assert (stats["sent"], stats["dropped_by_reason"]) == (len(received), {"buffer_full": points - len(received)})
+    assert raw_bytes > 4 * max_bytes, f"only {len(received)} points ({raw_bytes} bytes) kept in {max_bytes} bytes"
+
+
+def test_a_batch_refused_twice_with_429_is_split_from_its_compressed_body():
+    """InfluxDB Cloud answers 429 past its write rate; the batch, kept compressed, is sent in halves."""
+    with fault_server() as server:
+        server.then(Reply(429), Reply(429))
+        logger = _logger(server.url, flush_interval=60)
+        for i in range(6):
+            logger.log("m", fields={"i": i})
+        assert logger.flush(20) == 0
+        stats = logger.stats()
+        logger.close(1)
+        assert server.requests == [429, 429, 204, 204]
+        assert sorted(_ids(server.lines)) == list(range(6))
+    assert (stats["sent"], stats["batches"], stats["dropped"]) == (6, 2, 0)
+
+
 def test_buffered_data_past_max_age_expires_counted():
     port = free_port()
     logger = _logger(f"http://127.0.0.1:{port}", max_age=0.2)
