@@ -43,7 +43,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 ROLES_DIR = REPO / "ansible" / "roles"
-ROLES = ["docker", "firewall", "influxdb", "loki", "grafana", "reverse_proxy"]
+ROLES = ["docker", "firewall", "influxdb", "loki", "victoriametrics", "grafana", "reverse_proxy"]
 OUTPUT_TAIL = 12000
 
 

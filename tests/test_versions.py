@@ -23,7 +23,10 @@ ROOT = Path(__file__).resolve().parents[1]
 ROLES = ROOT / "ansible" / "roles"
 # Image names the stack uses, followed by a tag: never written outside versions.env.
 # (A host:port such as influxdb:8086 has no dot in its "tag".)
-LITERAL_TAG = re.compile(r"(?<![\w/.-])(?:influxdb|grafana/loki|grafana/grafana|caddy):(?:\d+\.\d+|latest\b)")
+LITERAL_TAG = re.compile(
+    r"(?<![\w/.-])(?:influxdb|grafana/loki|grafana/grafana|caddy"
+    r"|victoriametrics/(?:victoria-metrics|vmstorage|vminsert|vmselect)):(?:v?\d+\.\d+|latest\b)"
+)
 
 
 def versions(path: Path = ROOT / "versions.env") -> dict[str, str]:
@@ -70,7 +73,16 @@ def _role_image_defaults() -> dict[str, str]:
 def test_every_role_image_default_is_a_versions_env_lookup() -> None:
     pinned = versions()
     defaults = _role_image_defaults()
-    assert {"influxdb_image", "loki_image", "grafana_image", "reverse_proxy_image"} <= set(defaults)
+    assert {
+        "influxdb_image",
+        "loki_image",
+        "grafana_image",
+        "reverse_proxy_image",
+        "victoriametrics_image",
+        "victoriametrics_vmstorage_image",
+        "victoriametrics_vminsert_image",
+        "victoriametrics_vmselect_image",
+    } <= set(defaults)
     for variable, value in defaults.items():
         match = re.search(r"lookup\('ansible\.builtin\.ini',\s*'([A-Z_]+)',\s*file=[^)]*'/versions\.env'", value)
         assert match, f"{variable} does not read versions.env: {value}"
@@ -139,6 +151,10 @@ def test_roles_resolve_the_same_images_as_compose(tmp_path: Path) -> None:
         "loki_image": pinned["LOKI_IMAGE"],
         "grafana_image": pinned["GRAFANA_IMAGE"],
         "reverse_proxy_image": pinned["CADDY_IMAGE"],
+        "victoriametrics_image": pinned["VICTORIAMETRICS_IMAGE"],
+        "victoriametrics_vmstorage_image": pinned["VMSTORAGE_IMAGE"],
+        "victoriametrics_vminsert_image": pinned["VMINSERT_IMAGE"],
+        "victoriametrics_vmselect_image": pinned["VMSELECT_IMAGE"],
     }
     assert {k: resolved[k] for k in expected} == expected
 
@@ -150,3 +166,14 @@ def test_roles_resolve_the_same_images_as_compose(tmp_path: Path) -> None:
     moved = _resolve_role_images(other, tmp_path)
     assert moved["loki_image"] == bumped["LOKI_IMAGE"]
     assert moved["influxdb_image"] == bumped["INFLUXDB_IMAGE"]
+    assert moved["victoriametrics_vminsert_image"] == bumped["VMINSERT_IMAGE"]
+
+
+def test_cluster_images_are_one_release_of_the_single_node() -> None:
+    """vmstorage, vminsert and vmselect speak one RPC protocol: pin them to one release, the single node's."""
+    pinned = versions()
+    release = pinned["VICTORIAMETRICS_IMAGE"].rpartition(":")[2]
+    for key in ("VMSTORAGE_IMAGE", "VMINSERT_IMAGE", "VMSELECT_IMAGE"):
+        name, _, tag = pinned[key].partition(":")
+        assert name == "victoriametrics/" + key.removesuffix("_IMAGE").lower(), pinned[key]
+        assert tag == release + "-cluster", pinned[key]
