@@ -252,8 +252,20 @@ def _self_metrics_points(shape: FleetShape, rng: random.Random, end_s: int) -> I
             yield "telemetry_client", {"sink": sink}, fields, t * ns
 
 
-def backfill(url: str, database: str, shape: FleetShape, end: datetime, *, api_version: int = 1) -> int:
+def backfill(
+    url: str,
+    database: str,
+    shape: FleetShape,
+    end: datetime,
+    *,
+    api_version: int = 1,
+    token: str | None = None,
+    org: str | None = None,
+) -> int:
     """Write the whole fleet's history through one MetricsLogger per node; return points sent.
+
+    API v1 (InfluxDB 1.x) by default; api_version=2 with a token and org writes to
+    /api/v2/write (InfluxDB 2.x, or VictoriaMetrics, which ignores both).
 
     Loggers are closed (drained) one by one; a logger never holds more than its
     buffer bound, so the write waits for the sender whenever the backlog is large.
@@ -266,6 +278,8 @@ def backfill(url: str, database: str, shape: FleetShape, end: datetime, *, api_v
             url=url,
             database=database,
             api_version=api_version,
+            token=token,
+            org=org,
             uid=uid,
             role=role,
             network=NETWORK,

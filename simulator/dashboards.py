@@ -3,11 +3,14 @@
 The simulator and the tests run every panel's own query against real servers, so
 they need the same text Grafana would send: dashboards loaded from grafana/, each
 panel target and template-variable query with its data source type, and Grafana's
-macros and template variables filled in, for InfluxQL and for LogQL.
+macros and template variables filled in, for InfluxQL, LogQL and MetricsQL (the
+Prometheus data source, for VictoriaMetrics).
 
-The interpolation follows Grafana's rules for these two data sources: a variable
-that is multi-valued or has "All" is regex-escaped and joined as ``(a|b)``, "All"
-becomes the variable's ``allValue``; a single-valued variable is inserted as is.
+The interpolation follows Grafana's rules for each data source: a variable that is
+multi-valued or has "All" is regex-escaped and joined (``(a|b)`` for InfluxDB and
+Prometheus, ``a|b`` for Loki), "All" becomes the variable's ``allValue``; a
+single-valued variable is inserted as the data source says (as is for Loki and
+InfluxDB, with backslashes and single quotes escaped for Prometheus).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GRAFANA_DIR = REPO_ROOT / "grafana"
 DASHBOARDS_DIR = GRAFANA_DIR / "dashboards"
+# The same dashboards with MetricsQL panels, for a stack whose metrics live in VictoriaMetrics.
+VICTORIAMETRICS_DASHBOARDS_DIR = GRAFANA_DIR / "dashboards-victoriametrics"
 DATASOURCES_DIR = GRAFANA_DIR / "provisioning" / "datasources"
 
 ALL = "$__all"
@@ -124,7 +129,7 @@ def panel_queries(dashboard: Dashboard, datasources: Mapping[str, str] | None = 
                 datasource_uid=ds_uid,
                 text=_target_text(target),
                 instant=target.get("queryType") == "instant" or bool(target.get("instant")),
-                table=target.get("resultFormat") == "table",
+                table=target.get("resultFormat") == "table" or target.get("format") == "table",
             )
 
 
@@ -300,13 +305,24 @@ def _values(value: VariableValue) -> list[str] | None:
     return list(value)
 
 
+def _parenthesised(escaped: list[str]) -> str:
+    return escaped[0] if len(escaped) == 1 else "(" + "|".join(escaped) + ")"
+
+
 def _format(
-    name: str, value: VariableValue, definition: Mapping[str, Any] | None, regex: bool, escape: Any, raw: Any = None
+    name: str,
+    value: VariableValue,
+    definition: Mapping[str, Any] | None,
+    regex: bool,
+    escape: Any,
+    raw: Any = None,
+    join: Any = _parenthesised,
 ) -> str:
     """Grafana's interpolation of one variable occurrence.
 
-    `escape` formats a value inside a regex, `raw` a value inserted as is (inside a
-    LogQL string it still escapes quotes and backslashes so the query stays valid).
+    `escape` formats each value of a multi-value (or "All"-able) variable, `join`
+    joins the escaped values, and `raw` formats the value of a single-value
+    variable (the data source's own rule: as is for InfluxDB and Loki).
     """
     raw = raw or (lambda text: text)
     definition = definition or {"multi": True, "includeAll": True, "allValue": ".*"}
@@ -329,8 +345,7 @@ def _format(
         if len(values) != 1:
             raise ValueError(f"${name} has several values outside a regex: {values!r}")
         return raw(values[0])
-    escaped = [escape(v) for v in values]
-    return escaped[0] if len(escaped) == 1 else "(" + "|".join(escaped) + ")"
+    return join([escape(v) for v in values])
 
 
 def _substitute(
@@ -341,6 +356,7 @@ def _substitute(
     regex: bool,
     escape: Any,
     raw: Any = None,
+    join: Any = _parenthesised,
 ) -> str:
     def replace(match: re.Match[str]) -> str:
         name = match.group(1) or match.group(3) or match.group(5)
@@ -353,7 +369,7 @@ def _substitute(
                 return _format(name, values[name], definitions.get(name), False, str)
             return _EXPLICIT_FORMATS[explicit](chosen)
         if name in values:
-            return _format(name, values[name], definitions.get(name), regex, escape, raw)
+            return _format(name, values[name], definitions.get(name), regex, escape, raw, join)
         raise KeyError(f"no value for ${name}")
 
     return _VARIABLE.sub(replace, text)
@@ -423,13 +439,12 @@ def expand_influxql(
     return "".join(pieces)
 
 
-def _loki_quote(value: str) -> str:
-    """lokiRegularEscape of Grafana's Loki data source (public/app/plugins/datasource/loki/datasource.ts)."""
-    return value.replace("'", "\\\\'")
+def _as_is(value: str) -> str:
+    return value
 
 
-def _loki_string_escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"')
+def _loki_join(escaped: list[str]) -> str:
+    return "|".join(escaped)
 
 
 def expand_logql(
@@ -442,30 +457,169 @@ def expand_logql(
 ) -> str:
     """LogQL with $__auto, $__interval, $__range... and template variables filled in.
 
-    Inside a regex string (=~, !~, |~) several values become an escaped (a|b);
-    elsewhere a variable must have one value, inserted as is.
+    Grafana's Loki data source (grafana/grafana public/app/plugins/datasource/loki/
+    datasource.ts, LokiDatasource.interpolateQueryExpr, Grafana 11 and later):
+    - a variable that is neither multi-value nor has "All" (a text box, a
+      single-value custom variable) is inserted exactly as it is, in a "string"
+      or a `raw string` alike: a `"` or `\\` in a text box is NOT escaped, so it
+      can end the string early and make the query invalid (Loki answers a parse error);
+    - the values of a multi-value variable are escaped by lokiSpecialRegexEscape
+      (backslash doubled twice, `$^*{}[]+?.()|` behind two backslashes: one level
+      for the LogQL string, one for the regex) and joined with `|`, no parentheses.
+    Inside a regex string (=~, !~, |~) several values are accepted; elsewhere this
+    refuses them (a query that would silently match nothing).
     """
     interval = interval or auto_interval(time_range)
     builtins = _common_builtins(time_range, interval) | {"__auto": format_duration(interval)}
     values = values or {}
     definitions = _definitions(dashboard)
+
+    def fill(text: str, regex: bool) -> str:
+        return _substitute(text, builtins, values, definitions, regex, loki_regex_escape, _as_is, _loki_join)
+
     pieces: list[str] = []
     last = 0
     for match in _LOKI_STRING.finditer(query):
-        pieces.append(_substitute(query[last : match.start()], builtins, values, definitions, False, loki_regex_escape))
+        pieces.append(fill(query[last : match.start()], False))
         operator = match.group(1) or ""
         regex = operator in ("=~", "!~", "|~")
-        if match.group(4) is not None:  # a raw string: inserted as Grafana's Loki data source does (' escaped)
-            body = _substitute(match.group(4), builtins, values, definitions, regex, loki_regex_escape, _loki_quote)
-            pieces.append(f"{operator}{match.group(2)}`{body}`")
+        if match.group(4) is not None:
+            pieces.append(f"{operator}{match.group(2)}`{fill(match.group(4), regex)}`")
         else:
-            body = _substitute(
-                match.group(3), builtins, values, definitions, regex, loki_regex_escape, _loki_string_escape
-            )
-            pieces.append(f'{operator}{match.group(2)}"{body}"')
+            pieces.append(f'{operator}{match.group(2)}"{fill(match.group(3), regex)}"')
         last = match.end()
-    pieces.append(_substitute(query[last:], builtins, values, definitions, False, loki_regex_escape))
+    pieces.append(fill(query[last:], False))
     return "".join(pieces)
+
+
+# ---------------------------------------------------------------- Prometheus (MetricsQL)
+
+# The Prometheus data source's scrape interval ("timeInterval" of the provisioned data
+# source): the floor of Grafana's interval and the base of $__rate_interval.
+PROMETHEUS_SCRAPE_INTERVAL = timedelta(seconds=10)
+_PROMETHEUS_SPECIAL = re.compile(r"([$^*{}\[\]+?.()|])")
+_LABEL_VALUES = re.compile(r"^\s*label_values\((?:(.+),\s*)?([a-zA-Z_$][a-zA-Z0-9_]*)\)\s*$", re.DOTALL)
+
+
+def prometheus_regex_escape(value: str) -> str:
+    """prometheusSpecialRegexEscape, the classic behaviour (grafana/grafana
+    packages/grafana-prometheus/src/escaping.ts; the feature toggle
+    prometheusSpecialCharsInLabelValues is off by default): a backslash becomes four,
+    each of `$^*{}[]+?.()|` gets two backslashes in front (a `"` is left alone)."""
+    value = value.replace("\\", "\\\\\\\\")
+    return _PROMETHEUS_SPECIAL.sub(lambda m: "\\\\" + m.group(1), value)
+
+
+def prometheus_plain_escape(value: str) -> str:
+    """prometheusRegularEscape, classic behaviour (escaping.ts): a single-value variable
+    gets its backslashes doubled and each `'` turned into `\\\\'`."""
+    return value.replace("\\", "\\\\").replace("'", "\\\\'")
+
+
+def grafana_format_interval(value: timedelta) -> str:
+    """gtime.FormatInterval (grafana-plugin-sdk-go backend/gtime/gtime.go): the largest
+    whole unit only, truncating (90 s is "1m")."""
+    ms = int(value.total_seconds() * 1000)
+    for unit, size in (("y", 365 * 86_400_000), ("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms >= size:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms" if ms >= 1 else "1ms"
+
+
+def go_duration(value: timedelta) -> str:
+    """Go's time.Duration.String() for whole milliseconds: 40s, 1m0s, 1h30m0s, 500ms."""
+    ms = round(value.total_seconds() * 1000)
+    if ms == 0:
+        return "0s"
+    if ms < 1000:
+        return f"{ms}ms"
+    hours, rest = divmod(ms, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    seconds = f"{rest // 1000}" + (f".{rest % 1000:03d}".rstrip("0") if rest % 1000 else "")
+    if hours:
+        return f"{hours}h{minutes}m{seconds}s"
+    if minutes:
+        return f"{minutes}m{seconds}s"
+    return f"{seconds}s"
+
+
+def prometheus_rate_interval(interval: timedelta, scrape: timedelta = PROMETHEUS_SCRAPE_INTERVAL) -> timedelta:
+    """$__rate_interval: max(interval + scrape interval, 4 x scrape interval)
+    (grafana/grafana pkg/promlib/models/query.go, calculateRateInterval)."""
+    return max(interval + scrape, 4 * scrape)
+
+
+def _builtins_prometheus(time_range: TimeRange, interval: timedelta) -> dict[str, str]:
+    """The macros Grafana's backend fills in (pkg/promlib/models/query.go, interpolateVariables).
+
+    $__interval is the query's step as gtime.FormatInterval writes it, $__range the
+    range in whole seconds (rounded) with an "s", $__rate_interval a Go duration.
+    """
+    range_ms = time_range.end_ms - time_range.start_ms
+    range_s = round(range_ms / 1000)
+    rate = prometheus_rate_interval(interval)
+    return {
+        "__interval_ms": str(int(interval.total_seconds() * 1000)),
+        "__interval": grafana_format_interval(interval),
+        "__range_ms": str(range_ms),
+        "__range_s": str(range_s),
+        "__range": f"{range_s}s",
+        "__rate_interval_ms": str(int(rate.total_seconds() * 1000)),
+        "__rate_interval": go_duration(rate),
+        "__from": str(time_range.start_ms),
+        "__to": str(time_range.end_ms),
+    }
+
+
+def expand_metricsql(
+    query: str,
+    time_range: TimeRange,
+    values: Mapping[str, VariableValue] | None = None,
+    *,
+    dashboard: Dashboard | None = None,
+    interval: timedelta | None = None,
+) -> str:
+    """MetricsQL (PromQL) with $__interval, $__range, $__rate_interval... and variables filled in.
+
+    Grafana's Prometheus data source interpolates without looking at the context
+    (grafana/grafana packages/grafana-prometheus/src/escaping.ts, interpolateQueryExpr,
+    Grafana 11 to 13): a multi-value or "All"-able variable has each value escaped
+    by prometheusSpecialRegexEscape and several joined as `(a|b)`; "All" is the
+    allValue as is; a single-value variable goes through prometheusRegularEscape;
+    `${var:raw}` inserts the values joined by commas, unescaped.
+    """
+    interval = interval or auto_interval(time_range, min_interval=PROMETHEUS_SCRAPE_INTERVAL)
+    builtins = _builtins_prometheus(time_range, interval)
+    return _substitute(
+        query, builtins, values or {}, _definitions(dashboard), True, prometheus_regex_escape, prometheus_plain_escape
+    )
+
+
+def prometheus_range(time_range: TimeRange, interval: timedelta) -> dict[str, str]:
+    """start, end and step of the /api/v1/query_range request Grafana sends: the step is the
+    interval, start and end rounded down to a multiple of it (pkg/promlib/models/query.go,
+    AlignTimeRange, for a browser in UTC)."""
+    step_ms = int(interval.total_seconds() * 1000)
+    start = time_range.start_ms // step_ms * step_ms
+    end = time_range.end_ms // step_ms * step_ms
+    return {"start": prometheus_time(start), "end": prometheus_time(end), "step": prometheus_time(step_ms)}
+
+
+def prometheus_time(ms: int) -> str:
+    """Epoch milliseconds as the seconds the Prometheus API takes (e.g. 1796038200 or 1796038200.5)."""
+    return f"{ms / 1000:.3f}".rstrip("0").rstrip(".")
+
+
+def prometheus_label_values(text: str) -> tuple[str, str | None]:
+    """The label and the selector (or None) of a `label_values([selector, ]label)` variable query.
+
+    Grafana asks /api/v1/label/<label>/values, with match[]=<selector> when there is
+    one (packages/grafana-prometheus/src/metric_find_query.ts, labelValuesQuery).
+    """
+    match = _LABEL_VALUES.match(text)
+    if not match:
+        raise ValueError(f"not a label_values() query: {text!r}")
+    return match.group(2), match.group(1)
 
 
 def expand(
@@ -481,9 +635,14 @@ def expand(
         return expand_influxql(query.text, time_range, values, dashboard=dashboard, interval=interval)
     if query.datasource_type == "loki":
         return expand_logql(query.text, time_range, values, dashboard=dashboard, interval=interval)
+    if query.datasource_type == "prometheus":
+        return expand_metricsql(query.text, time_range, values, dashboard=dashboard, interval=interval)
     raise ValueError(f"{query.where}: no interpolation for data source {query.datasource_type!r}")
 
 
+_VIEW_SERIES = re.compile(
+    r'label_(match|mismatch)\(label_set\(vector\(1\), "sel", "((?:[^"\\]|\\.)*)"\), "sel", "\\\\\.\\\\\*"\)'
+)
 _FOLDED = re.compile(
     r"'((?:[^'\\]|\\.)*)'\s*(=|!=)\s*'((?:[^'\\]|\\.)*)'"
     r"|\b(\d+)\s*-\s*(\d+)\s*(<=|>)\s*(\d+)(?:\s*/\s*(\d+))?\b"
@@ -503,8 +662,13 @@ def answers(
     filled in: ${__to} - ${__from} against $raw_up_to_ms (raw data or the
     downsampled copy) and '${uid:raw}' against '.*' (the fleet or chosen nodes).
     InfluxDB folds such a comparison, and a false one makes the target answer
-    nothing; this evaluates them the same way.
+    nothing; this evaluates them the same way. The MetricsQL twins make the fleet
+    or nodes condition a series that exists or not (label_match / label_mismatch
+    of "${uid:raw}" against ".*"), evaluated here too.
     """
+    if query.datasource_type == "prometheus":
+        text = expand(query, time_range, values, dashboard=dashboard)
+        return all((m.group(2) == ".*") == (m.group(1) == "match") for m in _VIEW_SERIES.finditer(text))
     if query.datasource_type != "influxdb":
         return True
     text = expand(query, time_range, values, dashboard=dashboard)

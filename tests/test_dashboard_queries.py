@@ -89,16 +89,23 @@ def test_all_uses_the_dashboards_allvalue() -> None:
 
 
 def test_logql_multi_value_is_escaped_for_a_string_literal() -> None:
+    """Grafana's Loki data source joins the escaped values with | and no parentheses
+    (public/app/plugins/datasource/loki/datasource.ts, interpolateQueryExpr)."""
     q = dash.expand_logql(
         '{service=~"$service", version=~"$version"}', RANGE, {"service": ["miner", "validator"], "version": "1.4.0"}
     )
-    assert q == '{service=~"(miner|validator)", version=~"1\\\\.4\\\\.0"}'
+    assert q == '{service=~"miner|validator", version=~"1\\\\.4\\\\.0"}'
 
 
-def test_logql_textbox_keeps_the_string_valid() -> None:
+def test_logql_textbox_is_inserted_as_is_like_grafana_does() -> None:
+    """A text box is neither multi-value nor "All": Grafana's Loki data source inserts it
+    unescaped, so a quote in it ends the LogQL string early (the Logs dashboard's Search
+    box uses ${search:regex} in a raw string for that reason)."""
     logs = next(d for d in dash.load_dashboards() if d["uid"] == "telemetry-logs")
-    q = dash.expand_logql('{service="x"} |~ "(?i)$search"', RANGE, {"search": 'say "hi"'}, dashboard=logs)
-    assert q == '{service="x"} |~ "(?i)say \\"hi\\""'
+    q = dash.expand_logql('{service="x"} |~ "(?i)$search"', RANGE, {"search": 'say "hi" \\d'}, dashboard=logs)
+    assert q == '{service="x"} |~ "(?i)say "hi" \\d"'
+    raw = dash.expand_logql('{service="x"} |~ `$search`', RANGE, {"search": "it's"}, dashboard=logs)
+    assert raw == '{service="x"} |~ `it\'s`'
 
 
 # ---------------------------------------------------------------- data

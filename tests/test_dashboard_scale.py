@@ -4,16 +4,20 @@ The fleet is the benchmark's reference shape (bench/bench_dashboards.py): 256
 miners, 16 validators, an aggregator and an evaluator with 4 GPUs each, written
 through MetricsLogger into a real InfluxDB 1.6.7 (a few minutes of history: the
 series count does not depend on the length, only the points do), with the
-downsampled copy filled in as the continuous queries would.
+downsampled copy filled in as the continuous queries would; and into a real
+VictoriaMetrics (API v2), for the MetricsQL set of the dashboards.
 """
 
 from __future__ import annotations
 
+import json
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from servers import InfluxV1
+from servers import InfluxV1, VictoriaMetrics, victoria_metrics
 
 from grafana.builder import downsampling
 from simulator import dashboards as dash
@@ -91,6 +95,54 @@ def test_no_default_view_exceeds_the_series_budget(fleet_db: tuple[InfluxV1, str
             result = server.query(text, database, epoch="ms")["results"][0]
             assert "error" not in result, f"{query.where}: {result['error']}"
             series = sum(max(1, len(s["columns"]) - 1) for s in result.get("series", []))
+            answered += bool(series)
+            if series > SERIES_BUDGET:
+                over.append(f"{query.where}: {series} series")
+    assert answered > 40, "the default views answered too little to prove anything"
+    assert over == []
+
+
+@pytest.fixture(scope="module")
+def fleet_vm() -> Iterator[tuple[VictoriaMetrics, datetime]]:
+    """The same fleet in a VictoriaMetrics of this module's own, written as nodes write (API v2)."""
+    with victoria_metrics() as server:
+        end = datetime.now(UTC).replace(microsecond=0)
+        assert backfill(server.url, "telemetry", SHAPE, end, api_version=2, token="test-token-not-secret", org="o") > 0
+        server.wait_for_series('{__name__="system_cpu_percent"}', SHAPE.miners, timeout=120)
+        yield server, end
+
+
+def _vm_series_count(
+    server: VictoriaMetrics, query: dash.Query, text: str, time_range: dash.TimeRange, interval
+) -> int:
+    if query.instant:
+        path, params = "/api/v1/query", {"query": text, "time": dash.prometheus_time(time_range.end_ms)}
+    else:
+        path, params = "/api/v1/query_range", {"query": text, **dash.prometheus_range(time_range, interval)}
+    with urllib.request.urlopen(f"{server.url}{path}?{urllib.parse.urlencode(params)}", timeout=300) as response:
+        body = json.loads(response.read())
+    assert body["status"] == "success", f"{query.where}: {body}"
+    return len(body["data"]["result"])
+
+
+@pytest.mark.parametrize("span", list(RANGES))
+def test_no_default_view_exceeds_the_series_budget_on_victoriametrics(
+    fleet_vm: tuple[VictoriaMetrics, datetime], span: str
+) -> None:
+    """The MetricsQL twins (grafana/dashboards-victoriametrics/) under the same budget."""
+    server, end = fleet_vm
+    interval = dash.auto_interval(dash.TimeRange(end - RANGES[span], end), max_data_points=1000)
+    # Grafana rounds a range query's end down to a multiple of the step: open the
+    # dashboard one step after the data so that the last step still covers it.
+    time_range = dash.TimeRange(end + interval - RANGES[span], end + interval)
+    over, answered = [], 0
+    for dashboard in dash.load_dashboards(dash.VICTORIAMETRICS_DASHBOARDS_DIR):
+        values = dash.all_selected(dashboard)
+        for query in dash.panel_queries(dashboard):
+            if query.datasource_type != "prometheus":
+                continue
+            text = dash.expand(query, time_range, values, dashboard=dashboard, interval=interval)
+            series = _vm_series_count(server, query, text, time_range, interval)
             answered += bool(series)
             if series > SERIES_BUDGET:
                 over.append(f"{query.where}: {series} series")

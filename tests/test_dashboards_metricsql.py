@@ -8,20 +8,32 @@ from the same sources as grafana/dashboards/; every panel exists in both sets
 from __future__ import annotations
 
 import importlib.util
+import json
+import math
+import re
 import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from servers import InfluxV1, VictoriaMetrics, victoria_metrics
+from test_dashboard_queries import MINERS, NODES, VALIDATORS, CatalogPoint, catalog_points
 
 from grafana.builder.backend import BACKENDS, building_for, current_backend
 from simulator import dashboards as dash
+from telemetry_client.metrics import MetricsLogger
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAFANA = ROOT / "grafana"
 VM_DIR = GRAFANA / "dashboards-victoriametrics"
 INFLUX_SET = dash.load_dashboards()
 VM_SET = dash.load_dashboards(VM_DIR)
+DATASOURCES = dash.load_datasources()
 
 
 def _builder() -> ModuleType:
@@ -128,3 +140,342 @@ def test_variables_are_label_values_chained_like_the_influxdb_ones() -> None:
             # Chained the same way: the InfluxQL WHERE names the same variables as the selector.
             for name in twin:
                 assert (f"${name}" in variable["query"]) == (f"${name}$" in other["query"]), (variable["name"], name)
+
+
+# ---------------------------------------------------------------- on the real servers
+
+# The data: every catalog measurement of a small fleet (tests/test_dashboard_queries.py),
+# written through MetricsLogger into a real VictoriaMetrics (API v2, as nodes write) and
+# into InfluxDB 1.6.7 (API v1) alike. Samples sit 5 s off the 10 s grid so that no sample
+# lies on an interval's edge: InfluxDB's bucket [t, t + i) and VictoriaMetrics' window
+# (t' - i, t'] then hold the same samples, the latter labelled one interval later.
+NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+RANGE = dash.TimeRange(NOW - timedelta(minutes=30), NOW)
+INTERVAL = timedelta(seconds=30)
+OFFSET = timedelta(seconds=5)
+SERIES_BUDGET = 50  # what one panel query may return with every variable at its default (as for InfluxDB)
+VM_BY_UID = {d["uid"]: d for d in VM_SET}
+INFLUX_BY_UID = {d["uid"]: d for d in INFLUX_SET}
+VM_QUERIES = [q for q in dash.iter_queries(VM_SET) if q.datasource_type == "prometheus"]
+CHOSEN = {"uid": [node[0] for node in NODES], "eval_uid": list(MINERS)}
+VIEW = re.compile(r'label_(match|mismatch)\(label_set\(vector\(1\), "sel", "\$\{(\w+):raw\}"\)')
+
+
+def write_points(points: Iterable[CatalogPoint], **connection: object) -> int:
+    """Write through MetricsLogger, one logger per node as real nodes do; return points sent."""
+    loggers: dict[tuple[str, str, str, str], MetricsLogger] = {}
+    for node, measurement, tags, fields, seconds in points:
+        logger = loggers.get(node)
+        if logger is None:
+            uid, role, network, version = node
+            logger = loggers[node] = MetricsLogger(
+                uid=uid,
+                role=role,
+                network=network,
+                version=version,
+                runtime_id=f"run-{uid}",
+                group=network,
+                job_type="training",
+                self_metrics_interval=None,
+                **connection,  # type: ignore[arg-type]
+            )
+        logger.log(measurement, tags, fields, timestamp=seconds * 1_000_000_000)
+    sent = 0
+    for logger in loggers.values():
+        assert logger.close(60) == 0, logger.stats()
+        assert logger.stats()["dropped"] == 0, logger.stats()
+        sent += logger.stats()["sent"]
+    return sent
+
+
+def v2_connection(server: VictoriaMetrics) -> dict[str, object]:
+    return {"url": server.url, "token": "test-token-not-secret", "org": "telemetry", "database": "telemetry"}
+
+
+@pytest.fixture(scope="module")
+def victoria() -> Iterator[VictoriaMetrics]:
+    """A VictoriaMetrics of this module's own, holding the small fleet."""
+    with victoria_metrics() as server:
+        points = list(catalog_points(NOW - OFFSET, timedelta(minutes=30)))
+        assert write_points(points, **v2_connection(server)) == len(points)
+        server.wait_for_series('{__name__="system_cpu_percent"}', len(NODES), timeout=60)
+        yield server
+
+
+@pytest.fixture(scope="module")
+def influx_twin(influx_server: InfluxV1) -> Iterator[tuple[InfluxV1, str]]:
+    """The same points in InfluxDB 1.6.7, for the panels whose numbers are compared."""
+    database = "telemetry_twins"
+    influx_server.create_database(database)
+    points = list(catalog_points(NOW - OFFSET, timedelta(minutes=30)))
+    connection = {"url": influx_server.url, "database": database, "api_version": 1}
+    assert write_points(points, **connection) == len(points)
+    yield influx_server, database
+    influx_server.query(f'DROP DATABASE "{database}"')
+
+
+class VictoriaError(AssertionError):
+    pass
+
+
+def vm_get(server: VictoriaMetrics, path: str, params: dict[str, str]) -> dict:
+    """A GET of VictoriaMetrics' Prometheus API as Grafana's data source sends it; an error fails."""
+    url = f"{server.url}{path}?{urllib.parse.urlencode(params)}"
+    try:
+        with urllib.request.urlopen(url, timeout=120) as response:
+            body = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        raise VictoriaError(f"HTTP {exc.code}: {exc.read().decode(errors='replace')}\n{params}") from None
+    if body.get("status") != "success":
+        raise VictoriaError(f"{body}\n{params}")
+    return body["data"]
+
+
+def run_vm(
+    server: VictoriaMetrics,
+    query: dash.Query,
+    time_range: dash.TimeRange,
+    values: dict,
+    interval: timedelta = INTERVAL,
+) -> list[dict]:
+    """The series `query` returns, interpolated and sent as Grafana sends it (range or instant)."""
+    dashboard = VM_BY_UID[query.dashboard_uid]
+    text = dash.expand(query, time_range, values, dashboard=dashboard, interval=interval)
+    if query.instant:
+        params = {"query": text, "time": dash.prometheus_time(time_range.end_ms)}
+        return vm_get(server, "/api/v1/query", params)["result"]
+    return vm_get(server, "/api/v1/query_range", {"query": text, **dash.prometheus_range(time_range, interval)})[
+        "result"
+    ]
+
+
+def vm_values(series: list[dict]) -> list[float]:
+    """Every number of a range (values) or instant (value) answer, NaN left out."""
+    numbers = [float(v) for one in series for _, v in one.get("values", [one["value"]] if "value" in one else [])]
+    return [n for n in numbers if not math.isnan(n)]
+
+
+def live_values(query: dash.Query) -> dict:
+    """Variables under which `query` is its panel's live target: All, or every node by name for a per-node one."""
+    values = dash.all_selected(VM_BY_UID[query.dashboard_uid])
+    for kind, variable in VIEW.findall(query.text):
+        if kind == "mismatch":
+            values[variable] = CHOSEN[variable]
+    return values
+
+
+def variable_values(server: VictoriaMetrics, query: dash.Query, values: dict) -> list[str]:
+    """What a label_values() variable lists: /api/v1/label/<label>/values, with match[] when it has a selector."""
+    text = dash.expand(query, RANGE, values, dashboard=VM_BY_UID[query.dashboard_uid], interval=INTERVAL)
+    label, selector = dash.prometheus_label_values(text)
+    params = {"start": dash.prometheus_time(RANGE.start_ms), "end": dash.prometheus_time(RANGE.end_ms)}
+    if selector:
+        params["match[]"] = selector
+    return vm_get(server, f"/api/v1/label/{label}/values", params)
+
+
+@pytest.mark.parametrize("query", [q for q in VM_QUERIES if q.source == "panel"], ids=lambda q: q.where)
+def test_every_metricsql_panel_query_returns_data_within_budget(victoria: VictoriaMetrics, query: dash.Query) -> None:
+    values = live_values(query)
+    dashboard = VM_BY_UID[query.dashboard_uid]
+    assert dash.answers(query, RANGE, values, dashboard=dashboard), query.where
+    series = run_vm(victoria, query, RANGE, values)
+    assert vm_values(series), f"no data for {query.where}"
+    assert len(series) <= SERIES_BUDGET, f"{query.where}: {len(series)} series"
+
+
+@pytest.mark.parametrize("query", [q for q in VM_QUERIES if VIEW.search(q.text)], ids=lambda q: q.where)
+def test_a_view_target_is_silent_when_its_twin_answers(victoria: VictoriaMetrics, query: dash.Query) -> None:
+    """The fleet target is empty with nodes chosen, the per-node one with "All"; answers() agrees."""
+    values = live_values(query)
+    flipped = dict(values)
+    for _, variable in VIEW.findall(query.text):
+        flipped[variable] = None if isinstance(values[variable], list) else CHOSEN[variable]
+    dashboard = VM_BY_UID[query.dashboard_uid]
+    assert not dash.answers(query, RANGE, flipped, dashboard=dashboard), query.where
+    assert run_vm(victoria, query, RANGE, flipped) == [], query.where
+
+
+@pytest.mark.parametrize("query", [q for q in VM_QUERIES if "$network" in q.text], ids=lambda q: q.where)
+def test_metricsql_query_follows_the_network_variable(victoria: VictoriaMetrics, query: dash.Query) -> None:
+    values = live_values(query)
+    if query.source == "variable":
+        assert set(variable_values(victoria, query, values | {"network": ["nowhere"]})) == set()
+        assert variable_values(victoria, query, values | {"network": ["finney"]})
+        return
+    assert vm_values(run_vm(victoria, query, RANGE, values | {"network": ["finney"]})), query.where
+    assert run_vm(victoria, query, RANGE, values | {"network": ["nowhere"]}) == [], query.where
+
+
+@pytest.mark.parametrize("query", [q for q in VM_QUERIES if q.source == "variable"], ids=lambda q: q.where)
+def test_every_variable_lists_values(victoria: VictoriaMetrics, query: dash.Query) -> None:
+    assert variable_values(victoria, query, dash.all_selected(VM_BY_UID[query.dashboard_uid])), query.where
+
+
+def _variable(dashboard_uid: str, name: str) -> dash.Query:
+    return next(q for q in dash.variable_queries(VM_BY_UID[dashboard_uid]) if q.name == name)
+
+
+def test_variables_chain_network_role_uid(victoria: VictoriaMetrics) -> None:
+    everything = dash.all_selected(VM_BY_UID["telemetry-network"])
+    assert set(variable_values(victoria, _variable("telemetry-network", "network"), everything)) == {
+        "finney",
+        "testnet",
+    }
+    testnet = everything | {"network": "testnet"}
+    assert set(variable_values(victoria, _variable("telemetry-network", "role"), testnet)) == {"miner"}
+    validators = everything | {"network": "finney", "role": "validator"}
+    assert set(variable_values(victoria, _variable("telemetry-network", "uid"), validators)) == set(VALIDATORS)
+    training = dash.all_selected(VM_BY_UID["telemetry-training"])
+    assert set(variable_values(victoria, _variable("telemetry-training", "uid"), training)) == set(MINERS)
+
+
+# ---------------------------------------------------------------- the same numbers as the InfluxQL twin
+
+
+def _twins(dashboard_uid: str, title: str) -> tuple[dict[str, dash.Query], dict[str, dash.Query]]:
+    vm = {q.ref_id: q for q in dash.panel_queries(VM_BY_UID[dashboard_uid]) if q.name == title}
+    influx = {q.ref_id: q for q in dash.panel_queries(INFLUX_BY_UID[dashboard_uid], DATASOURCES) if q.name == title}
+    return vm, influx
+
+
+def _influx_series(server: InfluxV1, database: str, query: dash.Query, values: dict, interval: timedelta) -> dict:
+    """{(tags..., column): {time_ms: value}} of an InfluxQL panel query."""
+    text = dash.expand(query, RANGE, values, dashboard=INFLUX_BY_UID[query.dashboard_uid], interval=interval)
+    result = server.query(text, database, epoch="ms")["results"][0]
+    assert "error" not in result, f"{result['error']}\n{text}"
+    found: dict = {}
+    for one in result.get("series", []):
+        tags = tuple(sorted((one.get("tags") or {}).values()))
+        for row in one["values"]:
+            for column, value in zip(one["columns"][1:], row[1:], strict=True):
+                if value is not None:
+                    found.setdefault((*tags, column), {})[row[0]] = value
+    return found
+
+
+def _vm_series(series: list[dict], interval: timedelta, label: str) -> dict:
+    """{(labels..., stat): {start of the InfluxDB bucket, ms: value}}: a point at t covers (t - interval, t]."""
+    found: dict = {}
+    shift = int(interval.total_seconds() * 1000)
+    for one in series:
+        metric = dict(one["metric"])
+        stat = metric.pop(label, None)
+        key = (*sorted(metric.values()), *([stat] if stat else []))
+        found[key] = {int(float(t) * 1000) - shift: float(v) for t, v in one["values"]}
+    return found
+
+
+@pytest.mark.parametrize("interval_s", [10, 30])
+def test_fleet_cpu_is_the_same_distribution_on_both_servers(
+    victoria: VictoriaMetrics, influx_twin: tuple[InfluxV1, str], interval_s: int
+) -> None:
+    """CPU with every node: the max of every interval matches; so does the median when
+    each node has one sample per interval (10 s), as at ranges up to about three hours."""
+    server, database = influx_twin
+    interval = timedelta(seconds=interval_s)
+    vm_q, influx_q = _twins("telemetry-system", "CPU")
+    values = dash.all_selected(VM_BY_UID["telemetry-system"])
+    influx_values = dash.all_selected(INFLUX_BY_UID["telemetry-system"])
+    ours = _vm_series(run_vm(victoria, vm_q["A"], RANGE, values, interval), interval, "stat")
+    theirs = _influx_series(server, database, influx_q["A"], influx_values, interval)
+    compared = ["max", "median"] if interval_s == 10 else ["max"]
+    for stat in compared:
+        common = set(ours[(stat,)]) & set(theirs[(stat,)])
+        assert len(common) >= len(theirs[(stat,)]) - 2 >= 20, (stat, sorted(ours[(stat,)]), sorted(theirs[(stat,)]))
+        for t in common:
+            assert ours[(stat,)][t] == pytest.approx(theirs[(stat,)][t]), (stat, t)
+
+
+def test_counter_rate_is_the_same_on_both_servers(victoria: VictoriaMetrics, influx_twin: tuple[InfluxV1, str]) -> None:
+    """Records sent per second, per sink: 49 per 10 s per process, summed, on either server."""
+    server, database = influx_twin
+    interval = timedelta(minutes=1)
+    vm_q, influx_q = _twins("telemetry-health", "Records sent per second")
+    values = dash.all_selected(VM_BY_UID["telemetry-health"])
+    influx_values = dash.all_selected(INFLUX_BY_UID["telemetry-health"])
+    ours = _vm_series(run_vm(victoria, vm_q["A"], RANGE, values, interval), interval, "stat")
+    theirs = _influx_series(server, database, influx_q["A"], influx_values, interval)
+    assert set(ours) == {(sink,) for sink in ("influxdb", "loki")}
+    assert {key[:1] for key in theirs} == set(ours)
+    for key, points in theirs.items():
+        mine = ours[key[:1]]
+        inner = sorted(set(points) & set(mine))[1:-1]  # the edges of the range hold part of an interval
+        assert len(inner) >= 25, key
+        for t in inner:
+            assert mine[t] == pytest.approx(points[t]) == pytest.approx(4.9 * len(NODES), rel=0.05)
+
+
+@pytest.mark.parametrize(
+    ("dashboard_uid", "title"),
+    [
+        ("telemetry-system", "Hottest GPUs"),
+        ("telemetry-system", "Least utilised GPUs"),
+        ("telemetry-system", "Highest memory use"),
+        ("telemetry-training", "Slowest miners"),
+    ],
+)
+def test_worst_nodes_tables_name_the_same_nodes(
+    victoria: VictoriaMetrics, influx_twin: tuple[InfluxV1, str], dashboard_uid: str, title: str
+) -> None:
+    server, database = influx_twin
+    vm_q, influx_q = _twins(dashboard_uid, title)
+    values = dash.all_selected(VM_BY_UID[dashboard_uid])
+    influx_values = dash.all_selected(INFLUX_BY_UID[dashboard_uid])
+    rows = run_vm(victoria, vm_q["A"], RANGE, values)
+    text = dash.expand(influx_q["A"], RANGE, influx_values, dashboard=INFLUX_BY_UID[dashboard_uid], interval=INTERVAL)
+    theirs = server.rows(text, database)
+    assert 0 < len(rows) == len(theirs) <= 5
+    field = next(k for k in theirs[0] if k not in ("time", "uid"))
+    assert {r["metric"]["uid"]: float(r["value"][1]) for r in rows} == pytest.approx(
+        {r["uid"]: r[field] for r in theirs}
+    )
+
+
+# ---------------------------------------------------------------- Grafana's Prometheus interpolation
+
+
+def test_prometheus_macros_are_what_grafanas_backend_writes() -> None:
+    """pkg/promlib/models/query.go: $__interval by gtime.FormatInterval, $__range in rounded
+    seconds, $__rate_interval = max(interval + scrape, 4 x scrape) as a Go duration."""
+    text = "[$__interval] $__interval_ms [$__range] $__range_s $__range_ms [$__rate_interval] ${__interval}"
+    q = dash.expand_metricsql(text, RANGE, interval=timedelta(minutes=2))
+    assert q == "[2m] 120000 [1800s] 1800 1800000 [2m10s] 2m"
+    assert dash.expand_metricsql("[$__rate_interval]", RANGE, interval=timedelta(seconds=10)) == "[40s]"
+    assert dash.expand_metricsql("[$__rate_interval]", RANGE, interval=timedelta(seconds=50)) == "[1m0s]"
+    assert dash.grafana_format_interval(timedelta(seconds=90)) == "1m"  # the largest whole unit, truncated
+    assert dash.expand_metricsql("[$__range]", dash.TimeRange(NOW - timedelta(milliseconds=1_500), NOW)) == "[2s]"
+
+
+def test_prometheus_variables_are_escaped_like_grafanas_data_source() -> None:
+    """packages/grafana-prometheus/src/escaping.ts (classic behaviour): each value of a multi-value
+    variable regex-escaped (a backslash becomes four, a metacharacter gets two in front) and
+    several joined as (a|b); "All" is the allValue; ${var:raw} is left alone; a single-value
+    variable has its backslashes doubled and each single quote behind two backslashes."""
+    system = VM_BY_UID["telemetry-system"]
+    template = 'm{uid=~"$uid", version=~"$version"} "${uid:raw}"'
+    many = dash.expand_metricsql(template, RANGE, {"uid": ["1", "2"], "version": ["1.4.0", "a|b"]}, dashboard=system)
+    assert many == r'm{uid=~"(1|2)", version=~"(1\\.4\\.0|a\\|b)"} "1,2"'
+    one = dash.expand_metricsql(template, RANGE, {"uid": "7", "version": r"c:\x"}, dashboard=system)
+    assert one == r'm{uid=~"7", version=~"c:\\\\x"} "7"'
+    every = dash.expand_metricsql(template, RANGE, dash.all_selected(system), dashboard=system)
+    assert every == 'm{uid=~".*", version=~".*"} ".*"'
+    textbox = {"templating": {"list": [{"name": "box", "type": "textbox"}]}}
+    plain = dash.expand_metricsql("<$box>", RANGE, {"box": "it's a\\b"}, dashboard=textbox)
+    assert plain == "<it" + "\\\\" + "'s a" + "\\\\" + "b>"
+
+
+def test_range_request_is_aligned_to_the_step() -> None:
+    """Grafana rounds start and end down to a multiple of the step (AlignTimeRange, UTC)."""
+    time_range = dash.TimeRange(NOW - timedelta(minutes=30, seconds=7), NOW + timedelta(seconds=25))
+    start = NOW - timedelta(minutes=30, seconds=30)
+    assert dash.prometheus_range(time_range, timedelta(seconds=30)) == {
+        "start": str(int(start.timestamp())),
+        "end": str(int(NOW.timestamp())),
+        "step": "30",
+    }
+    assert dash.prometheus_time(1_500) == "1.5"
+    assert dash.prometheus_label_values('label_values({a=~"$b"}, uid)') == ("uid", '{a=~"$b"}')
+    assert dash.prometheus_label_values("label_values(network)") == ("network", None)
+    with pytest.raises(ValueError, match="not a label_values"):
+        dash.prometheus_label_values("up")
