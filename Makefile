@@ -31,11 +31,18 @@ bench:
 	$(PYTHON) bench/bench_stores.py
 	$(PYTHON) bench/bench_dashboards.py
 
+# The metrics store of the local stack: influxdb (the default) or victoriametrics.
+# `make up METRICS_BACKEND=victoriametrics` switches and compose/.env keeps the
+# choice; simulate and doctor follow the stack's (docs/local-stack.md, "Metrics backend").
+METRICS_BACKEND ?=
+# The backend the stack runs: the one compose/.env keeps (influxdb when unset).
+STACK_BACKEND = $$(grep -E '^METRICS_BACKEND=' compose/.env 2>/dev/null | tail -n 1 | cut -d= -f2- | grep . || echo influxdb)
+
 # Flood the local stack with a simulated network and check every dashboard through
 # Grafana (docs/simulator.md). Needs `make up`. More flags: make simulate SIMULATE_ARGS="--duration 120"
 simulate:
 	@test -f compose/node.env || { echo "compose/node.env is missing: run 'make up' first." >&2; exit 2; }
-	@set -a; . compose/node.env; set +a; \
+	@set -a; . compose/node.env; METRICS_BACKEND="$(STACK_BACKEND)"; set +a; \
 	  GRAFANA_URL="http://127.0.0.1:$$(grep -E '^GRAFANA_PORT=' compose/.env | cut -d= -f2- | grep . || echo 3000)" \
 	  GRAFANA_USER="$$(grep -E '^GRAFANA_ADMIN_USER=' compose/.env | cut -d= -f2- | grep . || echo admin)" \
 	  GRAFANA_PASSWORD="$$(cat compose/secrets/grafana_admin_password)" \
@@ -46,8 +53,8 @@ simulate:
 # Stores nothing. More flags: make doctor DOCTOR_ARGS="--json"
 doctor:
 	@test -f compose/.env || { echo "compose/.env is missing: run 'make up' first." >&2; exit 2; }
-	@set -a; [ -f compose/node.env ] && . compose/node.env; set +a; \
-	  influxdb="$$(docker ps -q -f label=com.docker.compose.project=$${COMPOSE_PROJECT_NAME:-telemetry} \
+	@set -a; [ -f compose/node.env ] && . compose/node.env; METRICS_BACKEND="$(STACK_BACKEND)"; set +a; \
+	  influxdb="$$( [ "$$METRICS_BACKEND" = influxdb ] && docker ps -q -f label=com.docker.compose.project=$${COMPOSE_PROJECT_NAME:-telemetry} \
 	    -f label=com.docker.compose.service=influxdb 2>/dev/null | head -n 1)"; \
 	  INFLUXDB_READ_TOKEN="$${INFLUXDB_READ_TOKEN:-$$( [ -n "$$influxdb" ] && \
 	    docker exec "$$influxdb" cat /run/telemetry-tokens/grafana-read.token 2>/dev/null)}" \
@@ -60,7 +67,7 @@ doctor:
 STACK := bash compose/stack.sh
 
 up:
-	@$(STACK) up
+	@METRICS_BACKEND=$(METRICS_BACKEND) $(STACK) up
 
 down:
 	@$(STACK) down

@@ -5,11 +5,17 @@
 # first `up` writes random values into compose/secrets/ (a directory only its
 # owner can enter, one file per secret) and the settings into compose/.env
 # (mode 0600); later runs reuse both.
+#
+# METRICS_BACKEND=influxdb|victoriametrics chooses the metrics store (`make up
+# METRICS_BACKEND=victoriametrics`); it is kept in compose/.env, so later commands
+# use the same one. Compose merges docker-compose.<backend>.yml onto
+# docker-compose.yml (docs/local-stack.md, "Metrics backend").
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(dirname "${here}")"
 compose_file="${here}/docker-compose.yml"
+backends=(influxdb victoriametrics)
 versions_file="${VERSIONS_FILE:-${root}/versions.env}"
 env_file="${STACK_ENV_FILE:-${here}/.env}"
 node_env_file="${STACK_NODE_ENV_FILE:-${here}/node.env}"
@@ -20,7 +26,8 @@ backup_keep="${BACKUP_KEEP:-7}"
 backup_tool="${here}/backup/telemetry_backup.py"
 project="${COMPOSE_PROJECT_NAME:-telemetry}"
 timeout_s="${STACK_TIMEOUT:-240}"
-services=(influxdb loki grafana)
+backend=""
+services=()
 
 die() {
   echo "$*" >&2
@@ -44,6 +51,39 @@ require_engine() {
   fi
 }
 
+# The metrics backend: METRICS_BACKEND from the environment (make up
+# METRICS_BACKEND=...) wins, then the one compose/.env keeps, then influxdb. Sets
+# `backend` and the long-running `services` to wait for; refuses anything else
+# before a file is written.
+resolve_backend() {
+  backend="${METRICS_BACKEND:-}"
+  if [ -z "${backend}" ] && [ -f "${env_file}" ]; then backend="$(env_value METRICS_BACKEND "")"; fi
+  backend="${backend:-influxdb}"
+  case "${backend}" in
+    influxdb) services=(influxdb loki grafana) ;;
+    victoriametrics) services=(victoriametrics vmauth loki grafana) ;;
+    *) die "METRICS_BACKEND must be influxdb or victoriametrics, not '${backend}'." ;;
+  esac
+}
+
+# Keeps a backend chosen with METRICS_BACKEND in the env file, so that down, logs,
+# backup and the next up use it without being told again. An env file without the
+# line means influxdb and is left as it is.
+persist_backend() {
+  local stored
+  stored="$(env_value METRICS_BACKEND "")"
+  [ -n "${METRICS_BACKEND:-}" ] || return 0
+  [ "${stored}" = "${backend}" ] && return 0
+  if [ -n "${stored}" ]; then
+    (umask 077 && sed "s/^METRICS_BACKEND=.*/METRICS_BACKEND=${backend}/" "${env_file}" >"${env_file}.tmp")
+    mv "${env_file}.tmp" "${env_file}"
+    echo "Switched METRICS_BACKEND from ${stored} to ${backend} in ${env_file}."
+  else
+    printf '\n# The metrics store (docs/local-stack.md, "Metrics backend").\nMETRICS_BACKEND=%s\n' "${backend}" >>"${env_file}"
+  fi
+  chmod 0600 "${env_file}"
+}
+
 # The image versions live in versions.env (shared with Ansible); export them so
 # compose interpolates ${INFLUXDB_IMAGE} and friends.
 load_versions() {
@@ -53,7 +93,7 @@ load_versions() {
   . "${versions_file}"
   set +a
   local name
-  for name in INFLUXDB_IMAGE LOKI_IMAGE GRAFANA_IMAGE PYTHON_IMAGE; do
+  for name in INFLUXDB_IMAGE LOKI_IMAGE GRAFANA_IMAGE PYTHON_IMAGE VICTORIAMETRICS_IMAGE VMAUTH_IMAGE; do
     [ -n "${!name:-}" ] || die "${versions_file} does not set ${name}."
     case "${!name}" in
       *:latest) die "${versions_file}: ${name} must pin a version, not 'latest'." ;;
@@ -75,11 +115,15 @@ random_secret() {
 # Secret name, length of a new random value, and file mode. The InfluxDB image
 # reads its files as root (which may read a 0600 file of another owner); Grafana
 # reads its file as uid 472, so that one is 0644 inside the 0700 directory: only
-# the directory's owner can reach it on this machine.
+# the directory's owner can reach it on this machine. The secrets of both
+# backends are written, so that switching needs no new setup.
+# victoriametrics_node_token is the nodes' write token for VictoriaMetrics; only
+# this script reads it (into vmauth_config and node.env).
 SECRETS=(
   "influxdb_admin_password 32 0600"
   "influxdb_admin_token 64 0600"
   "grafana_admin_password 32 0644"
+  "victoriametrics_node_token 64 0600"
 )
 
 # Writes every missing secret file. A value an older stack.sh kept in the env
@@ -106,6 +150,7 @@ ensure_secrets() {
     (umask 077 && : >"${secrets_dir}/alerting_webhook_url")
   fi
   chmod 0644 "${secrets_dir}/alerting_webhook_url"  # read by Grafana as uid 472, like its password
+  write_vmauth_config
   # The env file no longer holds secrets: drop what an older version put there.
   if [ -f "${env_file}" ] && grep -qE '^(INFLUXDB_ADMIN_PASSWORD|INFLUXDB_ADMIN_TOKEN|GRAFANA_ADMIN_PASSWORD)=' "${env_file}"; then
     (umask 077 && grep -vE '^(INFLUXDB_ADMIN_PASSWORD|INFLUXDB_ADMIN_TOKEN|GRAFANA_ADMIN_PASSWORD)=' "${env_file}" >"${env_file}.tmp" || true)
@@ -118,7 +163,32 @@ secret_value() {
   cat "${secrets_dir}/$1" 2>/dev/null || true
 }
 
+# vmauth's configuration (compose/docker-compose.victoriametrics.yml): the node
+# token may write InfluxDB line protocol and nothing else. The token is compared
+# as a bearer token; vmauth reads MetricsLogger's "Authorization: Token <token>"
+# as "Bearer <token>" (VictoriaMetrics app/vmauth/auth_config.go,
+# getAuthTokensFromRequest; app/vmauth/main.go in older releases). src_paths are
+# anchored regular expressions; a request to any other path gets no route.
+# Rewritten only when the token changed, mode 0600 like every secret.
+write_vmauth_config() {
+  local token content
+  token="$(secret_value victoriametrics_node_token)"
+  content="# Generated by compose/stack.sh from victoriametrics_node_token: do not edit.
+users:
+  - name: node
+    bearer_token: \"${token}\"
+    url_map:
+      - src_paths: [\"/write\", \"/api/v2/write\"]
+        url_prefix: \"http://victoriametrics:8428\""
+  if [ ! -f "${secrets_dir}/vmauth_config" ] || [ "$(cat "${secrets_dir}/vmauth_config")" != "${content}" ]; then
+    (umask 077 && printf '%s\n' "${content}" >"${secrets_dir}/vmauth_config.tmp")
+    mv "${secrets_dir}/vmauth_config.tmp" "${secrets_dir}/vmauth_config"
+  fi
+  chmod 0600 "${secrets_dir}/vmauth_config"
+}
+
 ensure_env_file() {
+  resolve_backend
   if [ ! -f "${env_file}" ]; then
     (
       umask 077
@@ -137,6 +207,13 @@ INFLUXDB_PORT=8086
 LOKI_PORT=3100
 GRAFANA_PORT=3000
 
+# The metrics store: influxdb or victoriametrics (docs/local-stack.md, "Metrics
+# backend"); 'make up METRICS_BACKEND=...' changes it here. VictoriaMetrics takes
+# node writes on VICTORIAMETRICS_PORT and keeps VICTORIAMETRICS_RETENTION.
+METRICS_BACKEND=${backend}
+VICTORIAMETRICS_PORT=8428
+VICTORIAMETRICS_RETENTION=30d
+
 # Alerting (docs/alerting.md). Uncomment a threshold to change it; the defaults
 # are in grafana/alerting/settings.env. Contact points: a webhook URL (Discord,
 # Slack or any JSON receiver; its kind in ALERT_WEBHOOK_TYPE) goes into
@@ -151,6 +228,7 @@ ENV
     echo "Created ${env_file} (mode 0600)."
   fi
   chmod 0600 "${env_file}"
+  persist_backend
   ensure_secrets
 }
 
@@ -161,8 +239,32 @@ env_value() {
   if [ -n "${line}" ]; then printf '%s' "${line#*=}"; else printf '%s' "$2"; fi
 }
 
+# The stack of the chosen backend: the common file and the backend's file.
 compose() {
-  "${compose_cmd[@]}" -p "${project}" -f "${compose_file}" --env-file "${env_file}" "$@"
+  "${compose_cmd[@]}" -p "${project}" -f "${compose_file}" -f "${here}/docker-compose.${backend}.yml" \
+    --env-file "${env_file}" "$@"
+}
+
+# Both backends at once, to remove the containers and volumes of either.
+compose_every_backend() {
+  local files=(-f "${compose_file}") name
+  for name in "${backends[@]}"; do files+=(-f "${here}/docker-compose.${name}.yml"); done
+  "${compose_cmd[@]}" -p "${project}" "${files[@]}" --env-file "${env_file}" "$@"
+}
+
+# Grafana is provisioned from generated files (python -m grafana.build_dashboards
+# and build_alerting write both backends' sets): refuse to start without them,
+# rather than start a Grafana with no dashboards or no alert rules.
+require_grafana_files() {
+  local suffix="" dir
+  [ "${backend}" = influxdb ] || suffix="-${backend}"
+  for dir in "provisioning${suffix}/datasources" "dashboards${suffix}" "alerting${suffix}"; do
+    if [ -z "$(find "${root}/grafana/${dir}" -maxdepth 1 -type f \( -name '*.json' -o -name '*.yml' -o -name '*.yaml' \) 2>/dev/null | head -n 1)" ]; then
+      die "grafana/${dir}/ is missing or empty: generate it with 'python -m grafana.build_dashboards' and 'python -m grafana.build_alerting', then run 'make up' again."
+    fi
+  done
+  [ -r "${root}/grafana/alerting${suffix}/settings.env" ] \
+    || die "grafana/alerting${suffix}/settings.env is missing: generate it with 'python -m grafana.build_alerting', then run 'make up' again."
 }
 
 health_of() {
@@ -208,29 +310,43 @@ wait_healthy() {
   done
 }
 
-# Nodes and the simulator write with their own token, never the admin one:
-# InfluxDB generated it at first start (influxdb/init/10-tokens.sh).
+# Nodes and the simulator write with their own token, never the admin one.
+# InfluxDB generated it at first start (influxdb/init/10-tokens.sh); the
+# VictoriaMetrics one is ours (victoriametrics_node_token, checked by vmauth).
+# MetricsLogger writes to both the same way: InfluxDB's /api/v2/write with
+# "Authorization: Token <token>". VictoriaMetrics reads only the db and precision
+# query arguments of a write (app/vminsert/influx/request_handler.go): org and
+# bucket are ignored there, so node.env leaves them out.
 write_node_env() {
   local token host
-  token="$(compose exec -T influxdb cat /run/telemetry-tokens/node-write.token 2>/dev/null || true)"
+  host="$(env_value BIND_ADDRESS 127.0.0.1)"
+  [ "${host}" = "0.0.0.0" ] && host=127.0.0.1
+  if [ "${backend}" = victoriametrics ]; then
+    token="$(secret_value victoriametrics_node_token)"
+  else
+    token="$(compose exec -T influxdb cat /run/telemetry-tokens/node-write.token 2>/dev/null || true)"
+  fi
   if [ -z "${token}" ]; then
     echo "Warning: no node write token found in the InfluxDB volume; ${node_env_file} not written." >&2
     return
   fi
-  host="$(env_value BIND_ADDRESS 127.0.0.1)"
-  [ "${host}" = "0.0.0.0" ] && host=127.0.0.1
   (
     umask 077
-    cat >"${node_env_file}.tmp" <<ENV
-# Generated by compose/stack.sh: how a node or the simulator on this machine
-# reaches the local stack. Load it with: set -a; . compose/node.env; set +a
-INFLUXDB_HOST=${host}
-INFLUXDB_PORT=$(env_value INFLUXDB_PORT 8086)
-INFLUXDB_ORG=$(env_value INFLUXDB_ORG telemetry)
-INFLUXDB_DATABASE=$(env_value INFLUXDB_BUCKET telemetry)
-INFLUXDB_TOKEN=${token}
-LOKI_URL=http://${host}:$(env_value LOKI_PORT 3100)
-ENV
+    {
+      echo "# Generated by compose/stack.sh: how a node or the simulator on this machine"
+      echo "# reaches the local stack. Load it with: set -a; . compose/node.env; set +a"
+      echo "METRICS_BACKEND=${backend}"
+      echo "INFLUXDB_HOST=${host}"
+      if [ "${backend}" = victoriametrics ]; then
+        echo "INFLUXDB_PORT=$(env_value VICTORIAMETRICS_PORT 8428)"
+      else
+        echo "INFLUXDB_PORT=$(env_value INFLUXDB_PORT 8086)"
+        echo "INFLUXDB_ORG=$(env_value INFLUXDB_ORG telemetry)"
+        echo "INFLUXDB_DATABASE=$(env_value INFLUXDB_BUCKET telemetry)"
+      fi
+      echo "INFLUXDB_TOKEN=${token}"
+      echo "LOKI_URL=http://${host}:$(env_value LOKI_PORT 3100)"
+    } >"${node_env_file}.tmp"
     mv "${node_env_file}.tmp" "${node_env_file}"
   )
   chmod 0600 "${node_env_file}"
@@ -240,20 +356,30 @@ print_summary() {
   local host
   host="$(env_value BIND_ADDRESS 127.0.0.1)"
   [ "${host}" = "0.0.0.0" ] && host=127.0.0.1
+  local store
+  if [ "${backend}" = victoriametrics ]; then
+    store="  VictoriaMetrics  http://${host}:$(env_value VICTORIAMETRICS_PORT 8428)  (writes only, with the node token; Grafana queries it)"
+  else
+    store="  InfluxDB  http://${host}:$(env_value INFLUXDB_PORT 8086)  (org $(env_value INFLUXDB_ORG telemetry), bucket $(env_value INFLUXDB_BUCKET telemetry); admin password and token in ${secrets_dir}/)"
+  fi
   cat <<TXT
 
-The local stack is up.
+The local stack is up (metrics: ${backend}).
   Grafana   http://${host}:$(env_value GRAFANA_PORT 3000)  (user $(env_value GRAFANA_ADMIN_USER admin), password in ${secrets_dir}/grafana_admin_password)
-  InfluxDB  http://${host}:$(env_value INFLUXDB_PORT 8086)  (org $(env_value INFLUXDB_ORG telemetry), bucket $(env_value INFLUXDB_BUCKET telemetry); admin password and token in ${secrets_dir}/)
+${store}
   Loki      http://${host}:$(env_value LOKI_PORT 3100)
   Node settings (write-only token): ${node_env_file}
 Stop it with 'make down'; 'make clean VOLUMES=1' also deletes all stored data.
 TXT
 }
 
+# Before anything is written or started: a wrong METRICS_BACKEND, no engine,
+# floating versions and missing Grafana files each stop here with one sentence.
 cmd_up() {
+  resolve_backend
   require_engine
   load_versions
+  require_grafana_files
   ensure_env_file
   compose up -d --remove-orphans
   wait_healthy
@@ -265,6 +391,7 @@ cmd_down() {
   require_engine
   load_versions
   [ -f "${env_file}" ] || die "${env_file} does not exist: the stack was never started here."
+  resolve_backend
   compose down --remove-orphans
 }
 
@@ -272,6 +399,7 @@ cmd_logs() {
   require_engine
   load_versions
   [ -f "${env_file}" ] || die "${env_file} does not exist: the stack was never started here."
+  resolve_backend
   compose logs --follow --tail=200 "$@"
 }
 
@@ -279,6 +407,7 @@ cmd_ps() {
   require_engine
   load_versions
   [ -f "${env_file}" ] || die "${env_file} does not exist: the stack was never started here."
+  resolve_backend
   compose ps
 }
 
@@ -286,14 +415,22 @@ cmd_clean() {
   require_engine
   load_versions
   [ -f "${env_file}" ] || die "${env_file} does not exist: nothing to clean."
+  resolve_backend
   if [ "${VOLUMES:-0}" = 1 ]; then
-    compose down --remove-orphans --volumes
+    compose_every_backend down --remove-orphans --volumes
     rm -f "${node_env_file}"
-    echo "Removed the containers and all volumes (stored metrics, logs and dashboards state)."
+    echo "Removed the containers and all volumes of both metrics backends (stored metrics, logs and dashboards state)."
   else
     compose down --remove-orphans
     echo "Removed the containers; the volumes (all stored data) are kept. 'make clean VOLUMES=1' deletes them too."
   fi
+}
+
+# make backup and make restore cover the InfluxDB backend (its backup API);
+# VictoriaMetrics has its own tools (docs/local-stack.md, "Metrics backend").
+require_influxdb_backend() {
+  [ "${backend}" = influxdb ] \
+    || die "make backup and make restore cover METRICS_BACKEND=influxdb only: back VictoriaMetrics up with its snapshots and vmbackup (docs/local-stack.md, \"Metrics backend\")."
 }
 
 container_of() {
@@ -326,6 +463,8 @@ cmd_backup() {
   require_engine
   load_versions
   [ -f "${env_file}" ] || die "${env_file} does not exist: the stack was never started here."
+  resolve_backend
+  require_influxdb_backend
   local stamp set_dir influxdb loki owner
   stamp="$(date -u +%Y%m%dT%H%M%SZ)"
   set_dir="${backups_dir}/${stamp}"
@@ -377,6 +516,8 @@ cmd_restore() {
   require_engine
   load_versions
   [ -f "${env_file}" ] || die "${env_file} does not exist: the stack was never started here."
+  resolve_backend
+  require_influxdb_backend
   local set_dir="${BACKUP:-}" influxdb image name
   if [ -z "${set_dir}" ]; then
     set_dir="$(find "${backups_dir}" -mindepth 1 -maxdepth 1 -type d -regextype posix-extended \
@@ -415,14 +556,18 @@ main() {
   shift || true
   case "${command}" in
     up) cmd_up ;;
-    env) ensure_env_file ;;
+    env)
+      # The VictoriaMetrics node token is ours, so its node.env can be written now.
+      ensure_env_file
+      if [ "${backend}" = victoriametrics ]; then write_node_env; fi
+      ;;
     down) cmd_down ;;
     logs) cmd_logs "$@" ;;
     ps) cmd_ps ;;
     clean) cmd_clean ;;
     backup) cmd_backup ;;
     restore) cmd_restore ;;
-    *) die "usage: $0 up|down|logs [service]|ps|clean (VOLUMES=1 to delete the data)|backup (BACKUP_KEEP=7)|restore (BACKUP=<stamp>)|env (only write compose/.env)" ;;
+    *) die "usage: $0 up|down|logs [service]|ps|clean (VOLUMES=1 to delete the data)|backup (BACKUP_KEEP=7)|restore (BACKUP=<stamp>)|env (only write compose/.env); METRICS_BACKEND=influxdb|victoriametrics chooses the metrics store" ;;
   esac
 }
 

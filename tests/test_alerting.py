@@ -243,8 +243,11 @@ def test_compose_passes_every_setting_and_mounts_the_alerting_files() -> None:
     grafana = compose["services"]["grafana"]
     for setting in st.SETTINGS:
         assert grafana["environment"][setting.name] == "${" + setting.name + ":-}", setting.name
-    assert "../grafana/alerting:/etc/telemetry/alerting:ro" in grafana["volumes"]
     assert grafana["environment"]["ALERTING_WEBHOOK_URL_FILE"] == "/run/secrets/alerting_webhook_url"
+    # Each metrics backend's file mounts its own generated rules where the entrypoint reads them.
+    for backend, directory in (("influxdb", "alerting"), ("victoriametrics", "alerting-victoriametrics")):
+        backend_file = yaml.safe_load((ROOT / "compose" / f"docker-compose.{backend}.yml").read_text())
+        assert f"../grafana/{directory}:/etc/telemetry/alerting:ro" in backend_file["services"]["grafana"]["volumes"]
 
 
 def test_the_docs_name_every_rule_and_setting() -> None:

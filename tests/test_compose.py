@@ -1,8 +1,11 @@
-"""The local stack: compose file, Loki config, init scripts and compose/stack.sh.
+"""The local stack: compose files, Loki config, init scripts and compose/stack.sh.
 
 Everything but the last test runs here: `docker-compose config` (Debian's
-docker-compose 1.29) validates and renders the compose file without an engine.
+docker-compose 1.29) validates and renders the compose files without an engine.
 The last test starts the stack for real and runs only where `docker info` works.
+These tests render the default InfluxDB backend (docker-compose.yml with
+docker-compose.influxdb.yml); tests/test_compose_backends.py covers the switch
+and the VictoriaMetrics backend.
 """
 
 from __future__ import annotations
@@ -25,13 +28,21 @@ from servers import free_port, require_binary
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "compose"
 COMPOSE_FILE = COMPOSE / "docker-compose.yml"
+# The backend files compose/stack.sh merges onto COMPOSE_FILE (METRICS_BACKEND).
+BACKEND_FILES = {
+    "influxdb": COMPOSE / "docker-compose.influxdb.yml",
+    "victoriametrics": COMPOSE / "docker-compose.victoriametrics.yml",
+}
 STACK = COMPOSE / "stack.sh"
 # The secret files stack.sh writes into compose/secrets/ (STACK_SECRETS_DIR).
 SECRETS = {
     "influxdb_admin_password": "test-password-influx",
     "influxdb_admin_token": "test-token-admin",
     "grafana_admin_password": "test-password-grafana",
+    "victoriametrics_node_token": os.urandom(12).hex(),  # made per run: no credential in the repository
 }
+# vmauth's configuration, which stack.sh renders from victoriametrics_node_token.
+RENDERED_SECRETS = {"vmauth_config": "users: []\n"}
 # Secrets the operator may fill in; stack.sh creates them empty.
 OPTIONAL_SECRETS = ("alerting_webhook_url",)
 # Names an older stack.sh kept these secrets under, in compose/.env.
@@ -65,6 +76,9 @@ def clean_env(**extra: str) -> dict[str, str]:
         "GRAFANA_PORT",
         "INFLUXDB_BUCKET",
         "INFLUXDB_ORG",
+        "METRICS_BACKEND",
+        "VICTORIAMETRICS_PORT",
+        "VICTORIAMETRICS_RETENTION",
     }
     env = {
         k: v
@@ -80,20 +94,22 @@ def write_secrets(tmp_path: Path) -> Path:
     """The secret files as stack.sh writes them (a 0700 directory)."""
     directory = tmp_path / "secrets"
     directory.mkdir(mode=0o700, exist_ok=True)
-    for name, value in SECRETS.items():
+    for name, value in {**SECRETS, **RENDERED_SECRETS}.items():
         (directory / name).write_text(value)
     return directory
 
 
 def compose_config(
-    tmp_path: Path, env_lines: dict[str, str] | None = None, **extra: str
+    tmp_path: Path, env_lines: dict[str, str] | None = None, backend: str = "influxdb", **extra: str
 ) -> subprocess.CompletedProcess[str]:
+    """`docker-compose config` of the stack as stack.sh runs it for `backend`."""
     binary = require_binary("docker-compose")
     env_file = tmp_path / "test.env"
     env_file.write_text("".join(f"{k}={v}\n" for k, v in (env_lines or {}).items()))
     secrets_dir = write_secrets(tmp_path)
+    files = ["-f", str(COMPOSE_FILE), "-f", str(BACKEND_FILES[backend])]
     return subprocess.run(
-        [binary, "-p", "telemetry-test", "-f", str(COMPOSE_FILE), "--env-file", str(env_file), "config"],
+        [binary, "-p", "telemetry-test", *files, "--env-file", str(env_file), "config"],
         capture_output=True,
         text=True,
         env=clean_env(STACK_SECRETS_DIR=str(secrets_dir), **extra),
@@ -126,15 +142,27 @@ def mounts(service: dict[str, Any]) -> list[tuple[str, str]]:
 
 def test_versions_env_pins_current_majors_never_latest() -> None:
     pinned = versions()
-    assert set(pinned) == {"INFLUXDB_IMAGE", "LOKI_IMAGE", "GRAFANA_IMAGE", "CADDY_IMAGE", "PYTHON_IMAGE"}
-    for image in pinned.values():
-        assert not image.endswith(":latest") and re.search(r":\d+\.\d+\.\d+(-alpine)?$", image), image
+    assert {
+        "INFLUXDB_IMAGE",
+        "LOKI_IMAGE",
+        "GRAFANA_IMAGE",
+        "CADDY_IMAGE",
+        "PYTHON_IMAGE",
+        "VICTORIAMETRICS_IMAGE",
+        "VMAUTH_IMAGE",
+    } <= set(pinned)
+    for key, image in pinned.items():
+        assert key.endswith("_IMAGE"), key
+        assert not image.endswith(":latest") and re.search(r":v?\d+\.\d+\.\d+(-alpine|-cluster)?$", image), image
     # The backup helper of make backup / make restore (compose/stack.sh).
     assert pinned["PYTHON_IMAGE"].startswith("python:3.")
     assert pinned["INFLUXDB_IMAGE"].startswith("influxdb:2.")
     assert pinned["LOKI_IMAGE"].startswith("grafana/loki:3.")
     assert pinned["GRAFANA_IMAGE"].startswith("grafana/grafana:13.")
     assert pinned["CADDY_IMAGE"].startswith("caddy:2.")  # the production reverse proxy (Ansible)
+    # The VictoriaMetrics backend: the single node and its vmauth, one release.
+    assert pinned["VICTORIAMETRICS_IMAGE"].startswith("victoriametrics/victoria-metrics:v1.")
+    assert pinned["VMAUTH_IMAGE"] == pinned["VICTORIAMETRICS_IMAGE"].replace("/victoria-metrics:", "/vmauth:")
 
 
 # ---------------------------------------------------------------- compose file
@@ -154,7 +182,9 @@ def test_compose_file_validates_and_uses_versions_env(config: dict[str, Any]) ->
 def test_no_secret_passes_through_a_container_environment(tmp_path: Path, config: dict[str, Any]) -> None:
     """`docker inspect` shows a container's environment: secrets come as files."""
     declared = config["secrets"]
-    assert set(declared) == set(SECRETS) | set(OPTIONAL_SECRETS)
+    assert set(declared) == {"influxdb_admin_password", "influxdb_admin_token", "grafana_admin_password"} | set(
+        OPTIONAL_SECRETS
+    )
     for name, secret in declared.items():
         assert Path(secret["file"]) == tmp_path / "secrets" / name
     for service_name, service in config["services"].items():
@@ -170,10 +200,10 @@ def test_no_secret_passes_through_a_container_environment(tmp_path: Path, config
         "influxdb_admin_password",
         "influxdb_admin_token",
     }
-    assert [s["source"] for s in config["services"]["grafana"]["secrets"]] == [
+    assert {s["source"] for s in config["services"]["grafana"]["secrets"]} == {
         "grafana_admin_password",
         "alerting_webhook_url",
-    ]
+    }
     assert "secrets" not in config["services"]["loki"]
 
 
@@ -208,12 +238,14 @@ def seconds(duration: str) -> float:
     return sum(float(number) * units[unit] for number, unit in parts)
 
 
-def test_compose_refuses_to_start_without_versions(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", sorted(BACKEND_FILES))
+def test_compose_refuses_to_start_without_versions(tmp_path: Path, backend: str) -> None:
     env_file = tmp_path / "test.env"
     env_file.write_text("INFLUXDB_ADMIN_USER=admin\n")
     env = {k: v for k, v in clean_env(STACK_SECRETS_DIR=str(write_secrets(tmp_path))).items() if k not in versions()}
+    files = ["-f", str(COMPOSE_FILE), "-f", str(BACKEND_FILES[backend])]
     result = subprocess.run(
-        [require_binary("docker-compose"), "-f", str(COMPOSE_FILE), "--env-file", str(env_file), "config"],
+        [require_binary("docker-compose"), *files, "--env-file", str(env_file), "config"],
         capture_output=True,
         text=True,
         env=env,
@@ -301,6 +333,7 @@ def test_grafana_is_locked_down_and_provisioned_from_the_repo(config: dict[str, 
     by_target = {target: source for source, target in mounts(grafana)}
     assert Path(by_target["/etc/grafana/provisioning"]) == ROOT / "grafana" / "provisioning"
     assert Path(by_target["/etc/grafana/dashboards"]) == ROOT / "grafana" / "dashboards"
+    assert Path(by_target["/etc/telemetry/alerting"]) == ROOT / "grafana" / "alerting"
     # The variables the provisioned data sources expand.
     datasources = (ROOT / "grafana/provisioning/datasources/datasources.yml").read_text()
     for name in set(re.findall(r"\$\{(\w+)\}", datasources)) - {"INFLUXDB_READ_TOKEN"}:
@@ -321,13 +354,19 @@ def test_influxdb_is_set_up_from_the_environment(config: dict[str, Any]) -> None
     assert by_target["/run/telemetry-tokens"] == "influxdb-tokens"
 
 
-def test_compose_file_holds_no_secret() -> None:
+@pytest.mark.parametrize("path", [COMPOSE_FILE, *BACKEND_FILES.values()], ids=lambda p: p.name)
+def test_compose_file_holds_no_secret(path: Path) -> None:
     """Secret-bearing settings name files; the files live outside the repository."""
-    raw = yaml.safe_load(COMPOSE_FILE.read_text())
+    raw = yaml.safe_load(path.read_text())
     for service in raw["services"].values():
         for key, value in (service.get("environment") or {}).items():
             if re.search(r"PASSWORD|TOKEN|SECRET", key):
                 assert key.endswith(("_FILE", "_DIR")) and str(value).startswith("/run/"), key
+        # A flag that takes a credential names a secret file (-auth.config=/run/secrets/...).
+        for arg in service.get("command") or []:
+            flag, _, value = str(arg).partition("=")
+            if re.search(r"password|token|auth", flag, re.I):
+                assert value.startswith(("/run/secrets/", "file:///run/secrets/")), arg
     for name, secret in raw["secrets"].items():
         assert secret["file"] == "${STACK_SECRETS_DIR:-./secrets}/" + name
     assert "secrets/" in (COMPOSE / ".gitignore").read_text().splitlines()
@@ -496,6 +535,9 @@ def test_env_file_and_secret_files_are_random_private_and_kept(tmp_path: Path) -
     assert stat.S_IMODE((secrets_dir / "influxdb_admin_password").stat().st_mode) == 0o600
     assert stat.S_IMODE((secrets_dir / "influxdb_admin_token").stat().st_mode) == 0o600
     assert stat.S_IMODE((secrets_dir / "grafana_admin_password").stat().st_mode) == 0o644
+    # Only stack.sh reads the VictoriaMetrics node token; vmauth reads its configuration as root.
+    assert stat.S_IMODE((secrets_dir / "victoriametrics_node_token").stat().st_mode) == 0o600
+    assert stat.S_IMODE((secrets_dir / "vmauth_config").stat().st_mode) == 0o600
     settings = path.read_text()
     assert not any(value in settings for value in values.values()), "the env file holds a secret"
     assert stack("env", tmp_path=tmp_path).returncode == 0

@@ -77,7 +77,9 @@ def test_dashboard_provider_path_is_where_compose_mounts_the_dashboards() -> Non
     provider = yaml.safe_load((GRAFANA / "provisioning/dashboards/dashboards.yml").read_text())["providers"][0]
     assert provider["type"] == "file"
     assert provider["folder"]
-    compose = yaml.safe_load((ROOT / "compose/docker-compose.yml").read_text())
+    # The InfluxDB backend's compose file mounts these (the VictoriaMetrics twins:
+    # tests/test_compose_backends.py).
+    compose = yaml.safe_load((ROOT / "compose/docker-compose.influxdb.yml").read_text())
     mounts = compose["services"]["grafana"]["volumes"]
     assert f"../grafana/dashboards:{provider['options']['path']}:ro" in mounts
     assert "../grafana/provisioning:/etc/grafana/provisioning:ro" in mounts

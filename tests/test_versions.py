@@ -24,8 +24,8 @@ ROLES = ROOT / "ansible" / "roles"
 # Image names the stack uses, followed by a tag: never written outside versions.env.
 # (A host:port such as influxdb:8086 has no dot in its "tag".)
 LITERAL_TAG = re.compile(
-    r"(?<![\w/.-])(?:influxdb|grafana/loki|grafana/grafana|caddy"
-    r"|victoriametrics/(?:victoria-metrics|vmstorage|vminsert|vmselect)):(?:v?\d+\.\d+|latest\b)"
+    r"(?<![\w/.-])(?:influxdb|grafana/loki|grafana/grafana|caddy|python|victoriametrics/[\w-]+)"
+    r":(?:v?\d+\.\d+|latest\b)"
 )
 
 
@@ -53,8 +53,22 @@ def test_no_image_tag_is_written_outside_versions_env() -> None:
 
 def test_every_compose_image_is_a_required_versions_env_key() -> None:
     pinned = versions()
-    raw = yaml.safe_load((ROOT / "compose" / "docker-compose.yml").read_text())
-    for name, service in raw["services"].items():
+    # The common file and each metrics backend's file (compose/stack.sh merges them).
+    files = sorted((ROOT / "compose").glob("docker-compose*.yml"))
+    assert {p.name for p in files} >= {
+        "docker-compose.yml",
+        "docker-compose.influxdb.yml",
+        "docker-compose.victoriametrics.yml",
+    }
+    services = [
+        (f"{path.name}:{name}", service)
+        for path in files
+        for name, service in yaml.safe_load(path.read_text())["services"].items()
+        if "image" in service  # a backend file may only add to a common service
+    ]
+    images = {name.split(":")[1] for name, _ in services}
+    assert {"influxdb", "victoriametrics", "vmauth", "loki", "grafana"} <= images
+    for name, service in services:
         match = re.fullmatch(r"\$\{([A-Z_]+):\?[^}]+\}", service["image"])
         assert match, f"{name}: image {service['image']!r} is not a required ${{..._IMAGE:?}} expansion"
         assert match.group(1) in pinned, f"{name}: {match.group(1)} is not set in versions.env"

@@ -5,9 +5,18 @@
 # INFLUXDB_READ_TOKEN_FILE names, then starts Grafana as the image would. In the
 # local stack InfluxDB writes that file into a shared volume at first start; the
 # Ansible grafana role mounts it from its secrets directory.
+# The token is needed only when a provisioned data source expands it: the
+# VictoriaMetrics provisioning (grafana/provisioning-victoriametrics) does not, and
+# that stack has no InfluxDB to write the file.
 set -eu
 token_file="${INFLUXDB_READ_TOKEN_FILE:-/run/telemetry-tokens/grafana-read.token}"
-if [ -z "${INFLUXDB_READ_TOKEN:-}" ]; then
+provisioning="${GF_PATHS_PROVISIONING:-/etc/grafana/provisioning}"
+needs_token=1
+if [ -d "${provisioning}/datasources" ] \
+  && ! grep -rhs -v '^[[:space:]]*#' "${provisioning}/datasources" | grep -q 'INFLUXDB_READ_TOKEN'; then
+  needs_token=0
+fi
+if [ "${needs_token}" = 1 ] && [ -z "${INFLUXDB_READ_TOKEN:-}" ]; then
   if [ ! -r "${token_file}" ]; then
     echo "grafana: ${token_file} is missing; the InfluxDB volume was set up without it." >&2
     echo "grafana: local stack: reset it with 'make clean VOLUMES=1' and 'make up';" >&2
@@ -18,7 +27,8 @@ if [ -z "${INFLUXDB_READ_TOKEN:-}" ]; then
   export INFLUXDB_READ_TOKEN
 fi
 
-# Alert rules. grafana/alerting (mounted at TELEMETRY_ALERTING_DIR) holds the
+# Alert rules. grafana/alerting, or grafana/alerting-victoriametrics for that
+# backend (mounted at TELEMETRY_ALERTING_DIR), holds the
 # generated files with ${ALERT_...} placeholders, which Grafana does not expand
 # inside a rule's query (grafana/grafana pkg/services/provisioning/alerting/
 # rules_types.go passes the model on raw). This fills them in from the

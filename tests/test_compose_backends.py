@@ -1,0 +1,495 @@
+"""The local stack's metrics backend switch: METRICS_BACKEND=influxdb|victoriametrics.
+
+`docker-compose config` renders the stack as compose/stack.sh runs it for each
+backend (docker-compose.yml merged with docker-compose.<backend>.yml); stack.sh's
+`env` step writes the settings and secrets of each into a temporary directory; and
+the VictoriaMetrics write path runs for real: Debian's victoria-metrics and vmauth
+(1.79.5) with the flags the compose services pass and the vmauth configuration
+stack.sh renders, written to by MetricsLogger with the settings of node.env.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from servers import _running, free_port, require_binary
+from test_compose import (
+    COMPOSE,
+    ROOT,
+    clean_env,
+    compose_config,
+    fake_engine,
+    mounts,
+    seconds,
+    stack,
+)
+
+from telemetry_client.metrics import MetricsLogger
+from telemetry_client.shipping import BufferSettings
+
+GRAFANA = ROOT / "grafana"
+# What each backend runs; the common file adds Loki, its volume step and Grafana.
+COMMON = {"loki-volume-init", "loki", "grafana"}
+STORES = {
+    "influxdb": {"influxdb"},
+    "victoriametrics": {"victoriametrics-volume-init", "victoriametrics", "vmauth"},
+}
+# Where Grafana's provisioning, dashboards and alert rules come from, per backend.
+GRAFANA_SOURCES = {
+    "influxdb": {
+        "/etc/grafana/provisioning": GRAFANA / "provisioning",
+        "/etc/grafana/dashboards": GRAFANA / "dashboards",
+        "/etc/telemetry/alerting": GRAFANA / "alerting",
+    },
+    "victoriametrics": {
+        "/etc/grafana/provisioning": GRAFANA / "provisioning-victoriametrics",
+        "/etc/grafana/dashboards": GRAFANA / "dashboards-victoriametrics",
+        "/etc/telemetry/alerting": GRAFANA / "alerting-victoriametrics",
+    },
+}
+
+
+def render(tmp_path: Path, backend: str, env_lines: dict[str, str] | None = None) -> dict[str, Any]:
+    result = compose_config(tmp_path, env_lines, backend=backend)
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)
+
+
+def datasources(directory: Path) -> dict[str, dict[str, Any]]:
+    """uid -> data source of a provisioning directory's datasources/*.yml."""
+    found = {}
+    for path in sorted((directory / "datasources").glob("*.y*ml")):
+        for source in yaml.safe_load(path.read_text()).get("datasources", []):
+            found[source["uid"]] = source
+    return found
+
+
+def expanded_variables(directory: Path) -> set[str]:
+    """The ${VARIABLES} Grafana expands in a provisioning directory's data sources (comments aside)."""
+    names = set()
+    for path in (directory / "datasources").glob("*.y*ml"):
+        text = re.sub(r"(?m)#.*$", "", path.read_text())
+        names |= set(re.findall(r"\$\{(\w+)\}", text))
+    return names
+
+
+# ---------------------------------------------------------------- compose
+
+
+@pytest.mark.parametrize("backend", sorted(STORES))
+def test_each_backend_runs_its_own_store_and_grafana_follows(tmp_path: Path, backend: str) -> None:
+    config = render(tmp_path, backend)
+    services = config["services"]
+    assert set(services) == COMMON | STORES[backend]
+    other = next(name for name in STORES if name != backend)
+    assert not STORES[other] & set(services), f"{backend} also runs {other}"
+
+    grafana = services["grafana"]
+    assert set(grafana["depends_on"]) == {"loki", backend}
+    assert grafana["depends_on"][backend]["condition"] == "service_healthy"
+    by_target = {target: source for source, target in mounts(grafana)}
+    for target, source in GRAFANA_SOURCES[backend].items():
+        assert Path(by_target[target]) == source, target
+    env = grafana["environment"]
+    provisioning = GRAFANA_SOURCES[backend]["/etc/grafana/provisioning"]
+    # Every variable the backend's data sources expand is set; the InfluxDB token
+    # comes from its file (the entrypoint), never from the environment.
+    for name in expanded_variables(provisioning) - {"INFLUXDB_READ_TOKEN"}:
+        assert env.get(name), f"{backend}: compose does not set {name} for Grafana"
+    if backend == "victoriametrics":
+        assert env["VICTORIAMETRICS_URL"] == "http://victoriametrics:8428"
+        assert not any(name.startswith("INFLUXDB_") for name in env), env
+        assert "/run/telemetry-tokens" not in by_target
+        assert "INFLUXDB_READ_TOKEN" not in expanded_variables(provisioning)
+    else:
+        assert env["INFLUXDB_URL"] == "http://influxdb:8086"
+        assert "VICTORIAMETRICS_URL" not in env
+        assert by_target["/run/telemetry-tokens"] == "influxdb-tokens"
+
+
+def test_victoriametrics_runs_confined_with_its_retention_and_only_vmauth_published(tmp_path: Path) -> None:
+    config = render(tmp_path, "victoriametrics")
+    services = config["services"]
+    vm, vmauth, init = services["victoriametrics"], services["vmauth"], services["victoriametrics-volume-init"]
+    for name in ("victoriametrics", "vmauth", "victoriametrics-volume-init"):
+        service = services[name]
+        assert service["cap_drop"] == ["ALL"], name
+        assert "no-new-privileges:true" in service["security_opt"], name
+        assert service["mem_limit"] and int(service["pids_limit"]) > 0, name
+    # VictoriaMetrics runs as nobody with no capability, on a volume handed to it first.
+    assert vm["user"] == "65534:65534" and "cap_add" not in vm
+    assert init["entrypoint"] == ["chown", "-R", "65534:65534", "/victoria-metrics-data"]
+    assert init["restart"] == "no" and set(init["cap_add"]) == {"CHOWN", "DAC_OVERRIDE"}
+    assert vm["depends_on"]["victoriametrics-volume-init"]["condition"] == "service_completed_successfully"
+    assert ("victoriametrics-data", "/victoria-metrics-data") in mounts(vm)
+    assert "victoriametrics-data" in config["volumes"]
+    assert "-storageDataPath=/victoria-metrics-data" in vm["command"]
+    assert "-retentionPeriod=30d" in vm["command"]
+    assert seconds(vm["stop_grace_period"]) >= 30
+    # vmauth only reads its configuration (0600, yours): DAC_READ_SEARCH and nothing else.
+    assert vmauth["cap_add"] == ["DAC_READ_SEARCH"]
+    assert [s["source"] for s in vmauth["secrets"]] == ["vmauth_config"]
+    assert "-auth.config=/run/secrets/vmauth_config" in vmauth["command"]
+    assert "secrets" not in vm
+    for name in ("victoriametrics", "vmauth"):
+        test = services[name]["healthcheck"]["test"]
+        assert test[0] == "CMD" and test[-1].endswith("/health"), name
+        assert services[name]["restart"] == "unless-stopped", name
+    # Nodes reach vmauth only; VictoriaMetrics itself is not published.
+    assert "ports" not in vm
+    assert [str(p) for p in vmauth["ports"]] == ["127.0.0.1:8428:8427/tcp"]
+    published = [str(p) for s in services.values() for p in s.get("ports", [])]
+    assert len(published) == 3 and all(p.startswith("127.0.0.1:") for p in published)
+
+    changed = render(
+        tmp_path,
+        "victoriametrics",
+        {"VICTORIAMETRICS_RETENTION": "90d", "VICTORIAMETRICS_MEMORY_LIMIT": "6g", "VICTORIAMETRICS_PORT": "18428"},
+    )["services"]
+    assert "-retentionPeriod=90d" in changed["victoriametrics"]["command"]
+    assert changed["victoriametrics"]["mem_limit"] == "6g"
+    assert [str(p) for p in changed["vmauth"]["ports"]] == ["127.0.0.1:18428:8427/tcp"]
+
+
+def test_grafana_provisioning_of_the_two_backends_differs_only_in_the_metrics_store() -> None:
+    influx = datasources(GRAFANA / "provisioning")
+    vm = datasources(GRAFANA / "provisioning-victoriametrics")
+    assert set(influx) == {"influxdb", "loki"}
+    assert set(vm) == {"victoriametrics", "loki"}
+    assert vm["loki"] == influx["loki"]
+    source = vm["victoriametrics"]
+    assert (source["name"], source["type"]) == ("VictoriaMetrics", "prometheus")
+    assert source["url"] == "${VICTORIAMETRICS_URL}"
+    assert source["isDefault"] is True and influx["influxdb"]["isDefault"] is True
+    assert "secureJsonData" not in source and "basicAuth" not in source
+    for directory in ("provisioning", "provisioning-victoriametrics"):
+        assert yaml.safe_load((GRAFANA / directory / "datasources" / "datasources.yml").read_text())["prune"] is True
+    # One dashboard provider, reading /etc/grafana/dashboards, whichever set is mounted there.
+    providers = [
+        yaml.safe_load((GRAFANA / d / "dashboards" / "dashboards.yml").read_text())
+        for d in ("provisioning", "provisioning-victoriametrics")
+    ]
+    assert providers[0] == providers[1]
+    assert providers[0]["providers"][0]["options"]["path"] == "/etc/grafana/dashboards"
+    # Only these two directories are provisioned: nothing else under either.
+    for directory in ("provisioning", "provisioning-victoriametrics"):
+        assert {p.name for p in (GRAFANA / directory).iterdir()} == {"datasources", "dashboards"}
+
+
+# ---------------------------------------------------------------- stack.sh
+
+
+def test_victoriametrics_env_step_writes_private_random_settings_for_nodes_and_vmauth(tmp_path: Path) -> None:
+    result = stack("env", tmp_path=tmp_path, METRICS_BACKEND="victoriametrics")
+    assert result.returncode == 0, result.stderr
+    env_file, secrets, node_env = tmp_path / "stack.env", tmp_path / "secrets", tmp_path / "node.env"
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    assert stat.S_IMODE(secrets.stat().st_mode) == 0o700
+    assert "METRICS_BACKEND=victoriametrics" in env_file.read_text().splitlines()
+    token = (secrets / "victoriametrics_node_token").read_text()
+    assert len(token) == 64 and token.isalnum()
+    for path in (secrets / "victoriametrics_node_token", secrets / "vmauth_config", node_env):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path.name
+    assert token not in env_file.read_text()
+
+    # vmauth: the node token reaches the two write paths of the compose service, and only them.
+    auth = yaml.safe_load((secrets / "vmauth_config").read_text())
+    [user] = auth["users"]
+    assert user["bearer_token"] == token
+    [route] = user["url_map"]
+    assert route["src_paths"] == ["/write", "/api/v2/write"]
+    assert "url_prefix" not in user
+    assert route["url_prefix"] == "http://victoriametrics:8428"
+
+    # node.env: MetricsLogger's InfluxDB v2 settings, pointing at vmauth.
+    settings = dict(line.split("=", 1) for line in node_env.read_text().splitlines() if not line.startswith("#"))
+    assert settings == {
+        "METRICS_BACKEND": "victoriametrics",
+        "INFLUXDB_HOST": "127.0.0.1",
+        "INFLUXDB_PORT": "8428",
+        "INFLUXDB_TOKEN": token,
+        "LOKI_URL": "http://127.0.0.1:3100",
+    }
+
+    # No default token: another stack gets another one; this one keeps its own.
+    other = tmp_path / "other"
+    other.mkdir()
+    assert stack("env", tmp_path=other, METRICS_BACKEND="victoriametrics").returncode == 0
+    assert (other / "secrets" / "victoriametrics_node_token").read_text() != token
+    assert stack("env", tmp_path=tmp_path).returncode == 0
+    assert (secrets / "victoriametrics_node_token").read_text() == token
+
+
+def test_the_backend_is_kept_in_the_env_file_until_changed(tmp_path: Path) -> None:
+    env_file = tmp_path / "stack.env"
+    assert stack("env", tmp_path=tmp_path).returncode == 0
+    assert "METRICS_BACKEND=influxdb" in env_file.read_text().splitlines()
+    assert not (tmp_path / "node.env").exists()  # InfluxDB creates its node token at first start
+    switched = stack("env", tmp_path=tmp_path, METRICS_BACKEND="victoriametrics")
+    assert switched.returncode == 0, switched.stderr
+    assert "Switched METRICS_BACKEND from influxdb to victoriametrics" in switched.stdout
+    assert stack("env", tmp_path=tmp_path).returncode == 0  # not given: the kept one
+    lines = env_file.read_text().splitlines()
+    assert [line for line in lines if line.startswith("METRICS_BACKEND=")] == ["METRICS_BACKEND=victoriametrics"]
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    # An env file of an older stack.sh has no such line: it stays as it is and means influxdb.
+    older = tmp_path / "older"
+    older.mkdir()
+    (older / "stack.env").write_text("BIND_ADDRESS=127.0.0.1\n")
+    assert stack("env", tmp_path=older).returncode == 0
+    assert (older / "stack.env").read_text() == "BIND_ADDRESS=127.0.0.1\n"
+
+
+@pytest.mark.parametrize("how", ["env", "up", "make up", "kept in compose/.env"])
+def test_a_wrong_backend_is_refused_in_one_sentence(tmp_path: Path, how: str) -> None:
+    if how == "make up":
+        result = subprocess.run(
+            [require_binary("make"), "-s", "-C", str(ROOT), "up", "METRICS_BACKEND=prometheus"],
+            capture_output=True,
+            text=True,
+            env=clean_env(
+                STACK_ENV_FILE=str(tmp_path / "stack.env"),
+                STACK_SECRETS_DIR=str(tmp_path / "secrets"),
+                STACK_NODE_ENV_FILE=str(tmp_path / "node.env"),
+            ),
+            timeout=120,
+            check=False,
+        )
+    elif how == "kept in compose/.env":
+        (tmp_path / "stack.env").write_text("METRICS_BACKEND=prometheus\n")
+        result = stack("env", tmp_path=tmp_path)
+    else:
+        result = stack(how, tmp_path=tmp_path, METRICS_BACKEND="prometheus")
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    if how == "make up":  # make adds its own line about the failed recipe
+        lines = [line for line in lines if not line.startswith("make: ***")]
+    assert lines == ["METRICS_BACKEND must be influxdb or victoriametrics, not 'prometheus'."], result.stderr
+    assert not (tmp_path / "secrets").exists()
+    assert not (tmp_path / "node.env").exists()
+    if how != "kept in compose/.env":
+        assert not (tmp_path / "stack.env").exists()
+
+
+def copy_of_the_stack(tmp_path: Path, grafana_dirs: list[str]) -> Path:
+    """A checkout with compose/, versions.env and only the named grafana/ directories."""
+    checkout = tmp_path / "checkout"
+    shutil.copytree(COMPOSE, checkout / "compose", ignore=shutil.ignore_patterns("secrets", ".env", "node.env"))
+    shutil.copy(ROOT / "versions.env", checkout / "versions.env")
+    for name in grafana_dirs:
+        shutil.copytree(GRAFANA / name, checkout / "grafana" / name)
+    return checkout
+
+
+def test_make_up_refuses_to_start_without_the_generated_grafana_files(tmp_path: Path) -> None:
+    """The VictoriaMetrics dashboards and rules are generated: their absence stops `up` with one sentence."""
+    env = fake_engine(tmp_path)
+    (tmp_path / "stack.env").unlink()
+    checkout = copy_of_the_stack(tmp_path, ["provisioning", "provisioning-victoriametrics", "alerting"])
+    script = checkout / "compose" / "stack.sh"
+    full = clean_env(
+        STACK_ENV_FILE=str(tmp_path / "stack.env"),
+        STACK_SECRETS_DIR=str(tmp_path / "secrets"),
+        STACK_NODE_ENV_FILE=str(tmp_path / "node.env"),
+        STACK_TIMEOUT="0",
+        METRICS_BACKEND="victoriametrics",
+        **env,
+    )
+
+    def up() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", str(script), "up"], capture_output=True, text=True, env=full, timeout=120)
+
+    missing = up()
+    assert missing.returncode != 0
+    [line] = missing.stderr.strip().splitlines()
+    assert line.startswith("grafana/dashboards-victoriametrics/ is missing or empty")
+    assert "python -m grafana.build_dashboards" in line and "python -m grafana.build_alerting" in line
+    assert not (tmp_path / "stack.env").exists()
+
+    # With the generated files in place, compose starts the common file with the backend's.
+    (checkout / "grafana" / "dashboards-victoriametrics").mkdir()
+    (checkout / "grafana" / "dashboards-victoriametrics" / "system.json").write_text('{"uid": "system"}')
+    no_rules = up()
+    assert "grafana/alerting-victoriametrics/ is missing or empty" in no_rules.stderr
+    shutil.copytree(GRAFANA / "alerting", checkout / "grafana" / "alerting-victoriametrics")
+    started = up()
+    assert "Timed out after 0s" in started.stderr  # the fake engine never reports a healthy service
+    [compose_up] = [c for c in (tmp_path / "calls").read_text().splitlines() if c.endswith("up -d --remove-orphans")]
+    compose_dir = checkout / "compose"
+    assert f"-f {compose_dir}/docker-compose.yml -f {compose_dir}/docker-compose.victoriametrics.yml" in compose_up
+    assert "vmauth=missing" in started.stderr and "victoriametrics=missing" in started.stderr
+
+
+@pytest.mark.parametrize("command", ["backup", "restore"])
+def test_backup_and_restore_say_they_cover_influxdb_only(tmp_path: Path, command: str) -> None:
+    env = fake_engine(tmp_path)
+    (tmp_path / "stack.env").write_text("METRICS_BACKEND=victoriametrics\n")
+    result = stack(command, tmp_path=tmp_path, STACK_BACKUP_DIR=str(tmp_path / "backups"), **env)
+    assert result.returncode != 0
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("make backup and make restore cover METRICS_BACKEND=influxdb only")
+    calls = (tmp_path / "calls").read_text().splitlines() if (tmp_path / "calls").exists() else []
+    assert [c for c in calls if not c.startswith(("info", "compose version"))] == []
+
+
+@pytest.mark.parametrize("backend", sorted(STORES))
+def test_grafana_entrypoint_reads_the_influxdb_token_only_for_its_data_source(tmp_path: Path, backend: str) -> None:
+    fake_run = tmp_path / "run.sh"
+    fake_run.write_text('#!/bin/sh\necho "started token=${INFLUXDB_READ_TOKEN:-none}"\n')
+    fake_run.chmod(0o755)
+    env = {
+        "PATH": os.environ["PATH"],
+        "GRAFANA_RUN": str(fake_run),
+        "GF_PATHS_PROVISIONING": str(GRAFANA_SOURCES[backend]["/etc/grafana/provisioning"]),
+        "INFLUXDB_READ_TOKEN_FILE": str(tmp_path / "no-such.token"),  # no InfluxDB wrote it
+        "TELEMETRY_ALERTING_DIR": str(tmp_path / "no-alerting"),
+    }
+    result = subprocess.run(
+        ["sh", str(COMPOSE / "grafana" / "entrypoint.sh")], env=env, capture_output=True, text=True, check=False
+    )
+    if backend == "victoriametrics":
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == "started token=none"
+    else:
+        assert result.returncode == 1 and "make clean VOLUMES=1" in result.stderr
+
+
+# ---------------------------------------------------------------- the real write path
+
+
+def flag_values(command: list[str]) -> dict[str, str]:
+    return dict(str(arg).lstrip("-").split("=", 1) for arg in command)
+
+
+def http(url: str, data: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    request = urllib.request.Request(url, data=data, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def exported(vm_url: str, match: str) -> list[dict]:
+    """Series matching `match`, after making just-written samples searchable."""
+    http(f"{vm_url}/internal/force_flush")
+    status, body = http(f"{vm_url}/api/v1/export?" + urllib.parse.urlencode({"match[]": match}))
+    assert status == 200, body
+    return [json.loads(line) for line in body.splitlines() if line.strip()]
+
+
+def wait_for_samples(vm_url: str, match: str, samples: int, deadline_s: float = 60) -> list[dict]:
+    """The exported series once they hold `samples` samples (a loaded server takes a while)."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        series = exported(vm_url, match)
+        if sum(len(s["values"]) for s in series) >= samples or time.monotonic() > deadline:
+            return series
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(300)
+def test_the_node_token_writes_through_vmauth_and_nothing_else(tmp_path: Path, monkeypatch) -> None:
+    """Debian's victoria-metrics and vmauth with the compose services' flags and stack.sh's configuration."""
+    vm_binary, vmauth_binary = require_binary("victoria-metrics"), require_binary("vmauth")
+    (tmp_path / "render").mkdir()
+    services = render(tmp_path / "render", "victoriametrics")["services"]
+    assert stack("env", tmp_path=tmp_path, METRICS_BACKEND="victoriametrics").returncode == 0
+    node = dict(
+        line.split("=", 1) for line in (tmp_path / "node.env").read_text().splitlines() if not line.startswith("#")
+    )
+    token = node["INFLUXDB_TOKEN"]
+
+    with tempfile.TemporaryDirectory(prefix="vm-backend-") as tmp:
+        work = Path(tmp)
+        # VictoriaMetrics: the compose command, with a local data path and a free loopback port.
+        vm_flags = flag_values(services["victoriametrics"]["command"])
+        assert set(vm_flags) == {"storageDataPath", "retentionPeriod", "httpListenAddr"}
+        vm_port = free_port()
+        vm_flags.update(storageDataPath=str(work / "data"), httpListenAddr=f"127.0.0.1:{vm_port}")
+        vm_url = f"http://127.0.0.1:{vm_port}"
+        # vmauth: the compose command and stack.sh's configuration, which names the
+        # compose service (victoriametrics:8428): here it is on loopback.
+        auth_flags = flag_values(services["vmauth"]["command"])
+        assert set(auth_flags) == {"auth.config", "httpListenAddr"}
+        rendered = (tmp_path / "secrets" / "vmauth_config").read_text()
+        assert rendered.count("http://victoriametrics:8428") == 1
+        config = work / "vmauth.yml"
+        config.write_text(rendered.replace("http://victoriametrics:8428", vm_url))
+        auth_port = free_port()
+        auth_flags.update({"auth.config": str(config), "httpListenAddr": f"127.0.0.1:{auth_port}"})
+        auth_url = f"http://127.0.0.1:{auth_port}"
+        vm_dir, auth_dir = work / "vm", work / "vmauth"
+        vm_dir.mkdir()
+        auth_dir.mkdir()
+        with (
+            _running([vm_binary, *(f"-{k}={v}" for k, v in vm_flags.items())], f"{vm_url}/health", vm_dir),
+            _running([vmauth_binary, *(f"-{k}={v}" for k, v in auth_flags.items())], f"{auth_url}/health", auth_dir),
+        ):
+            # No credential: vmauth answers 401 before anything reaches VictoriaMetrics
+            # (app/vmauth/main.go: "missing `Authorization` request header").
+            status, _ = http(f"{auth_url}/api/v2/write?bucket=telemetry", b"nocred,uid=1 loss=1")
+            assert status == 401
+            # A wrong token: 400 "cannot find the provided auth token" on 1.79, 401 on
+            # newer releases (app/vmauth/main.go): refused either way.
+            status, _ = http(
+                f"{auth_url}/api/v2/write?bucket=telemetry", b"wrongtoken,uid=1 loss=1", {"Authorization": "Token x"}
+            )
+            assert status in (400, 401)
+
+            # The node's settings, as a node loads node.env, with vmauth's port of this test.
+            for key, value in {**node, "INFLUXDB_PORT": str(auth_port)}.items():
+                monkeypatch.setenv(key, value)
+            logger = MetricsLogger(
+                uid=7, role="miner", buffer=BufferSettings(flush_interval=0.05), self_metrics_interval=None
+            )
+            assert logger.api_version == 2  # /api/v2/write with "Authorization: Token <node token>"
+            now = time.time_ns()
+            for step in range(20):
+                logger.log("vmbackend", fields={"loss": step / 10}, timestamp=now + step * 1_000_000)
+            assert logger.flush(30) == 0
+            assert logger.stats()["sent"] == 20
+            logger.close(5)
+            [series] = wait_for_samples(vm_url, "vmbackend_loss", 20)
+            assert series["metric"]["uid"] == "7" and series["metric"]["role"] == "miner"
+            assert sorted(series["values"]) == [step / 10 for step in range(20)]
+            # VictoriaMetrics ignores the v2 org and bucket (app/vminsert/influx/request_handler.go
+            # reads only db and precision): they become no label.
+            assert not {"org", "bucket", "db"} & set(series["metric"])
+
+            # The same logger with another token delivers nothing, and says so in its counters.
+            monkeypatch.setenv("INFLUXDB_TOKEN", "not-the-node-token")
+            stranger = MetricsLogger(uid=8, buffer=BufferSettings(flush_interval=0.05), self_metrics_interval=None)
+            stranger.log("vmstranger", fields={"loss": 1.0})
+            stranger.flush(30)
+            stats = stranger.stats()
+            stranger.close(5)
+            assert stats["sent"] == 0 and stats["dropped"] == 1, stats
+            assert "auth token" in stats["last_error"], stats
+            assert exported(vm_url, '{__name__=~"(nocred|wrongtoken|vmstranger)_.*"}') == []
+
+            # The node token may not read or delete: vmauth has no route for it
+            # (app/vmauth/main.go: "missing route for ...").
+            node_auth = {"Authorization": f"Token {token}"}
+            for path in (
+                "/api/v1/query?query=vmbackend_loss",
+                "/api/v1/export?match[]=vmbackend_loss",
+                "/api/v1/admin/tsdb/delete_series?match[]=vmbackend_loss",
+            ):
+                status, body = http(auth_url + path, headers=node_auth)
+                assert status == 400 and "missing route" in body, (path, status, body)
+            assert len(exported(vm_url, "vmbackend_loss")) == 1  # still there
