@@ -829,3 +829,41 @@ def logql_references(expr: str) -> LokiReferences:
         parses_json=bool(re.search(r"\|\s*json\b", expr)),
         problems=tuple(problems),
     )
+
+
+_PROM_METRIC = re.compile(r"\b([A-Za-z_:][\w:]*)\s*\{")
+_PROM_NAME_PREFIX = re.compile(r'__name__\s*=~\s*"([A-Za-z_]\w*?)_\.[+*]"')
+_PROM_MATCHER = re.compile(r'\b([A-Za-z_]\w*)\s*(?:=~|!~|!=|=)\s*"')
+_PROM_GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
+_PROM_OWN_LABEL = re.compile(r'\blabel_(?:set|replace|match|mismatch)\(.*?,\s*"([A-Za-z_]\w*)"')
+_PROM_LABEL_VALUES_LABEL = re.compile(r",?\s*([A-Za-z_]\w*)\s*\)\s*$")
+_PROM_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+@dataclass(frozen=True)
+class MetricsQLReferences:
+    """What a MetricsQL query names: metrics (measurement_field), measurements by a
+    __name__ prefix, labels it filters or groups on, and labels it makes itself."""
+
+    metrics: frozenset[str]
+    name_prefixes: frozenset[str]
+    labels: frozenset[str]
+    own_labels: frozenset[str]
+
+
+def metricsql_references(expr: str) -> MetricsQLReferences:
+    """The identifiers a MetricsQL query (or a label_values() variable query) refers to."""
+    own = set(_PROM_OWN_LABEL.findall(expr))
+    labels = {name for name in _PROM_MATCHER.findall(expr) if name != "__name__"}
+    for group in _PROM_GROUPING.findall(expr):
+        labels.update(label.strip() for label in group.split(",") if label.strip())
+    label_values = _LABEL_VALUES.match(expr)
+    if label_values:
+        labels.add(label_values.group(2))
+    unquoted = _PROM_STRING.sub('""', expr)
+    return MetricsQLReferences(
+        metrics=frozenset(_PROM_METRIC.findall(unquoted)),
+        name_prefixes=frozenset(_PROM_NAME_PREFIX.findall(expr)),
+        labels=frozenset(labels - own),
+        own_labels=frozenset(own),
+    )

@@ -26,6 +26,7 @@ from test_dashboard_queries import MINERS, NODES, VALIDATORS, CatalogPoint, cata
 
 from grafana.builder.backend import BACKENDS, building_for, current_backend
 from simulator import dashboards as dash
+from telemetry_client.catalog import CATALOG, STANDARD_TAGS
 from telemetry_client.metrics import MetricsLogger
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -479,3 +480,40 @@ def test_range_request_is_aligned_to_the_step() -> None:
     assert dash.prometheus_label_values("label_values(network)") == ("network", None)
     with pytest.raises(ValueError, match="not a label_values"):
         dash.prometheus_label_values("up")
+
+
+# ---------------------------------------------------------------- true to the catalog
+
+CATALOG_METRICS = {f"{m.name}_{f}": m for m in CATALOG.values() for f in m.field_names}
+
+
+@pytest.mark.parametrize("query", VM_QUERIES, ids=lambda q: q.where)
+def test_metricsql_names_only_catalog_metrics_and_tags(query: dash.Query) -> None:
+    """Every metric is <measurement>_<field> of the catalog, every label one of its tags."""
+    refs = dash.metricsql_references(query.text)
+    unknown = refs.metrics - set(CATALOG_METRICS)
+    assert not unknown, f"{query.where}: metrics outside the catalog: {sorted(unknown)}"
+    assert refs.name_prefixes <= set(CATALOG), query.where
+    measurements = [CATALOG_METRICS[m] for m in refs.metrics] + [CATALOG[m] for m in refs.name_prefixes]
+    allowed = set(STANDARD_TAGS).union(*(m.tag_names for m in measurements))
+    assert refs.labels <= allowed, f"{query.where}: labels outside the catalog: {sorted(refs.labels - allowed)}"
+    assert refs.own_labels <= {"stat", "sel"}, query.where
+    assert refs.metrics or refs.name_prefixes or query.source == "variable", query.where
+
+
+@pytest.mark.parametrize(
+    ("text", "wrong"),
+    [
+        ('avg by (uid) (avg_over_time(system_cpu{uid=~"$uid"}[1m]))', "system_cpu"),
+        ('max(system_cpu_percent{gpu_index=~"$x"})', "gpu_index"),
+        ('sum by (host) (system_cpu_percent{uid=~"$uid"})', "host"),
+        ('label_values({__name__=~"systems_.+"}, uid)', "systems"),
+    ],
+)
+def test_the_catalog_check_catches_mistakes(text: str, wrong: str) -> None:
+    refs = dash.metricsql_references(text)
+    metrics_ok = refs.metrics <= set(CATALOG_METRICS) and refs.name_prefixes <= set(CATALOG)
+    measurements = [CATALOG_METRICS[m] for m in refs.metrics if m in CATALOG_METRICS]
+    tags = set(STANDARD_TAGS).union(*(m.tag_names for m in measurements))
+    assert not (metrics_ok and refs.labels <= tags), text
+    assert wrong in {*refs.metrics, *refs.name_prefixes, *refs.labels}
