@@ -29,6 +29,7 @@ DASHBOARDS_DIR = GRAFANA_DIR / "dashboards"
 # The same dashboards with MetricsQL panels, for a stack whose metrics live in VictoriaMetrics.
 VICTORIAMETRICS_DASHBOARDS_DIR = GRAFANA_DIR / "dashboards-victoriametrics"
 DATASOURCES_DIR = GRAFANA_DIR / "provisioning" / "datasources"
+VICTORIAMETRICS_DATASOURCES_DIR = GRAFANA_DIR / "provisioning-victoriametrics" / "datasources"
 
 ALL = "$__all"
 
@@ -494,8 +495,9 @@ def expand_logql(
 
 # ---------------------------------------------------------------- Prometheus (MetricsQL)
 
-# The Prometheus data source's scrape interval ("timeInterval" of the provisioned data
-# source): the floor of Grafana's interval and the base of $__rate_interval.
+# The Prometheus data source's scrape interval ("timeInterval" of the VictoriaMetrics data
+# source in grafana/provisioning-victoriametrics/): the floor of Grafana's interval and the
+# base of $__rate_interval.
 PROMETHEUS_SCRAPE_INTERVAL = timedelta(seconds=10)
 _PROMETHEUS_SPECIAL = re.compile(r"([$^*{}\[\]+?.()|])")
 _LABEL_VALUES = re.compile(r"^\s*label_values\((?:(.+),\s*)?([a-zA-Z_$][a-zA-Z0-9_]*)\)\s*$", re.DOTALL)

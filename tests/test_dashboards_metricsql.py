@@ -21,6 +21,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import yaml
 from servers import InfluxV1, VictoriaMetrics, victoria_metrics
 from test_dashboard_queries import MINERS, NODES, VALIDATORS, CatalogPoint, catalog_points
 
@@ -517,3 +518,15 @@ def test_the_catalog_check_catches_mistakes(text: str, wrong: str) -> None:
     tags = set(STANDARD_TAGS).union(*(m.tag_names for m in measurements))
     assert not (metrics_ok and refs.labels <= tags), text
     assert wrong in {*refs.metrics, *refs.name_prefixes, *refs.labels}
+
+
+def test_victoriametrics_panels_resolve_to_the_provisioned_data_sources() -> None:
+    """The VictoriaMetrics set names the uids its provisioning defines, with the right types, and the
+    simulator's Prometheus interval floor is that data source's timeInterval."""
+    sources = dash.load_datasources(dash.VICTORIAMETRICS_DATASOURCES_DIR)
+    assert sources == {"victoriametrics": "prometheus", "loki": "loki"}
+    for query in dash.iter_queries(VM_SET, sources):
+        assert (query.datasource_uid, query.datasource_type) in sources.items(), query.where
+    document = yaml.safe_load((dash.VICTORIAMETRICS_DATASOURCES_DIR / "datasources.yml").read_text())
+    victoria = next(s for s in document["datasources"] if s["uid"] == "victoriametrics")
+    assert victoria["jsonData"]["timeInterval"] == dash.format_duration(dash.PROMETHEUS_SCRAPE_INTERVAL)
