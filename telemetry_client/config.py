@@ -38,6 +38,8 @@ UNSET = "unset"
 ENV_STRICT = "TELEMETRY_STRICT"
 ENV_ENVIRONMENT = "TELEMETRY_ENVIRONMENT"
 ENV_EXIT_TIMEOUT = "TELEMETRY_EXIT_TIMEOUT"
+ENV_HANDLE_SIGTERM = "TELEMETRY_HANDLE_SIGTERM"
+DEFAULT_EXIT_TIMEOUT = 3.0  # seconds the end of a process waits for delivery
 DEFAULT_ENVIRONMENT = "unknown"  # the Loki `environment` label when neither argument nor variable gives one
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 
@@ -153,7 +155,8 @@ def _parse_bool(resolver: _Resolver, name: str, value: Any) -> bool:
     if text in _FALSE:
         return False
     source = resolver.settings[name].source
-    raise ConfigurationError(f"{name} ({source}) must be true or false (1/0, yes/no), got {value!r}")
+    allowed = "1/0, true/false, yes/no, on/off"
+    raise ConfigurationError(f"{name} ({source}) must be true or false ({allowed}), got {value!r}")
 
 
 def _strict(resolver: _Resolver, strict: bool | None) -> bool:
@@ -441,8 +444,6 @@ def split_url_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
 
 def exit_timeout_setting(environ: Mapping[str, str] | None = None) -> Setting:
     """How long the exit hook waits for delivery (TELEMETRY_EXIT_TIMEOUT), and where that came from."""
-    from telemetry_client.lifecycle import DEFAULT_EXIT_TIMEOUT
-
     raw = (os.environ if environ is None else environ).get(ENV_EXIT_TIMEOUT) or None
     if raw is None:
         return Setting("exit_timeout", DEFAULT_EXIT_TIMEOUT, DEFAULT)
@@ -451,3 +452,15 @@ def exit_timeout_setting(environ: Mapping[str, str] | None = None) -> Setting:
     except ValueError:
         source = f"default (env {ENV_EXIT_TIMEOUT}={raw!r} is not a number)"
         return Setting("exit_timeout", DEFAULT_EXIT_TIMEOUT, source)
+
+
+def handle_sigterm_setting(environ: Mapping[str, str] | None = None) -> Setting:
+    """Whether the first logger installs the draining SIGTERM handler (TELEMETRY_HANDLE_SIGTERM, default on).
+
+    A value that is not a boolean raises `ConfigurationError`, as every other
+    switch does; `telemetry_client.handle_sigterm()` overrides it at run time.
+    """
+    r = _Resolver({"handle_sigterm": ENV_HANDLE_SIGTERM}, environ)
+    parsed = _parse_bool(r, "handle_sigterm", r.get("handle_sigterm", None, True))
+    r.replace("handle_sigterm", parsed)
+    return r.settings["handle_sigterm"]

@@ -113,6 +113,24 @@ def _configuration_check(name: str, resolve: Callable[[], Any], hint: str) -> tu
     return checks, resolved
 
 
+def process_check(environ: dict[str, str] | None = None) -> Check:
+    """The settings of the process's end: the exit deadline and the draining SIGTERM handler."""
+    name = "Process configuration"
+    try:
+        sigterm = client_config.handle_sigterm_setting(environ)
+    except ConfigurationError as exc:
+        fix = f"Set {client_config.ENV_HANDLE_SIGTERM} to 1 or 0 (or unset it: on by default)."
+        return fail(name, f"the logger would refuse to start: {exc}", fix)
+    timeout = client_config.exit_timeout_setting(environ)
+    settings = (timeout, sigterm)
+    details = {s.name: {"value": s.value, "source": s.source} for s in settings}
+    text = "; ".join(f"{s.name}={s.value} ({s.source})" for s in settings)
+    if "not a number" in timeout.source:
+        fix = f"Set {client_config.ENV_EXIT_TIMEOUT} to a number of seconds (default 3)."
+        return warn(name, f"{text}.", fix, settings=details)
+    return ok(name, f"{text}.", settings=details)
+
+
 def configuration(environ: dict[str, str] | None = None) -> NodeConfig:
     """Resolve InfluxDB and Loki exactly as `MetricsLogger` and `setup_loki_logger` do."""
     influx_checks, influx = _configuration_check(
@@ -123,7 +141,7 @@ def configuration(environ: dict[str, str] | None = None) -> NodeConfig:
     loki_checks, loki = _configuration_check(
         "Loki configuration", lambda: client_config.loki_config(environ=environ), "set LOKI_URL"
     )
-    checks = influx_checks + loki_checks
+    checks = [*influx_checks, *loki_checks, process_check(environ)]
     for label, url, has_auth, setting in (
         ("InfluxDB", getattr(influx, "base_url", None), getattr(influx, "auth", "none") != "none", "INFLUXDB_URL"),
         ("Loki", getattr(loki, "url", None), getattr(loki, "auth", "none") != "none", "LOKI_URL"),

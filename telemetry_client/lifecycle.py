@@ -34,9 +34,8 @@ import threading
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
-EXIT_TIMEOUT_ENV = "TELEMETRY_EXIT_TIMEOUT"
-DEFAULT_EXIT_TIMEOUT = 3.0
-SIGTERM_ENV = "TELEMETRY_HANDLE_SIGTERM"
+from telemetry_client.config import exit_timeout_setting, handle_sigterm_setting
+
 # Finalizers with a higher exitpriority run first; multiprocessing's own (queues 10,
 # pools 15) only release resources, so the drain goes before them.
 FINALIZE_PRIORITY = 100
@@ -61,12 +60,8 @@ _after_forker_registered = False
 
 
 def exit_timeout() -> float:
-    """Seconds the process's end waits for delivery: TELEMETRY_EXIT_TIMEOUT, default 3."""
-    raw = os.environ.get(EXIT_TIMEOUT_ENV, "")
-    try:
-        return max(0.0, float(raw)) if raw else DEFAULT_EXIT_TIMEOUT
-    except ValueError:
-        return DEFAULT_EXIT_TIMEOUT
+    """Seconds the process's end waits for delivery: TELEMETRY_EXIT_TIMEOUT, default 3 (see config.py)."""
+    return exit_timeout_setting().value
 
 
 def install_exit_hooks(drain: Drain) -> None:
@@ -158,16 +153,19 @@ def _restore_default_sigterm() -> None:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _sigterm_wanted() -> bool:
+def sigterm_wanted() -> bool:
+    """Whether to install the handler: `handle_sigterm()`'s choice, else TELEMETRY_HANDLE_SIGTERM (config.py).
+
+    A bad TELEMETRY_HANDLE_SIGTERM raises `ConfigurationError` unless a call decided.
+    """
+    wanted = handle_sigterm_setting().value if _sigterm_enabled is None else _sigterm_enabled
     if _in_multiprocessing_child():
         # multiprocessing ends its children with SIGTERM (Process.terminate, and Pool.terminate,
         # which leaving `with Pool()` calls). A Python-level handler in a Pool worker made
         # Pool.terminate() hang now and then (about 2 runs in 100 here): children keep the
         # default action, and drain on their normal exit through multiprocessing's finalizers.
         return False
-    if _sigterm_enabled is not None:
-        return _sigterm_enabled
-    return os.environ.get(SIGTERM_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return wanted
 
 
 def maybe_install_sigterm_handler() -> None:
@@ -181,7 +179,7 @@ def maybe_install_sigterm_handler() -> None:
     if _sigterm_installed or threading.current_thread() is not threading.main_thread():
         return
     with _sigterm_lock:
-        if _sigterm_installed or not _sigterm_wanted():
+        if _sigterm_installed or not sigterm_wanted():
             return
         try:
             if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:

@@ -166,6 +166,7 @@ class Channel:
     """One destination's buffer, batches, retry state and counters."""
 
     def __init__(self, sink: Sink, settings: BufferSettings | None = None) -> None:
+        lifecycle.sigterm_wanted()  # a bad TELEMETRY_HANDLE_SIGTERM raises here, before anything starts
         self.sink = sink
         self.settings = settings or BufferSettings()
         self._engine = get_engine()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from telemetry_client.config import exit_timeout_setting, influxdb_config, loki_config
+from telemetry_client.config import exit_timeout_setting, handle_sigterm_setting, influxdb_config, loki_config
 from telemetry_client.errors import ConfigurationError
+from telemetry_client.loki import LokiHandler
+from telemetry_client.metrics import MetricsLogger
 
 
 def test_argument_beats_environment_and_the_loser_is_reported():
@@ -85,6 +87,27 @@ def test_exit_timeout_source():
     assert exit_timeout_setting({}).source == "default"
     assert exit_timeout_setting({"TELEMETRY_EXIT_TIMEOUT": "1.5"}).value == 1.5
     assert "not a number" in exit_timeout_setting({"TELEMETRY_EXIT_TIMEOUT": "x"}).source
+
+
+def test_handle_sigterm_is_resolved_like_every_switch():
+    assert (handle_sigterm_setting({}).value, handle_sigterm_setting({}).source) == (True, "default")
+    assert handle_sigterm_setting({"TELEMETRY_HANDLE_SIGTERM": ""}).source == "default"
+    off = handle_sigterm_setting({"TELEMETRY_HANDLE_SIGTERM": " Off "})
+    assert (off.value, off.source) == (False, "env TELEMETRY_HANDLE_SIGTERM")
+    assert handle_sigterm_setting({"TELEMETRY_HANDLE_SIGTERM": "yes"}).value is True
+    with pytest.raises(ConfigurationError, match=r"TELEMETRY_HANDLE_SIGTERM.*1/0, true/false, yes/no, on/off.*'of'"):
+        handle_sigterm_setting({"TELEMETRY_HANDLE_SIGTERM": "of"})
+
+
+@pytest.mark.parametrize("build", ["metrics", "loki"])
+def test_a_bad_handle_sigterm_stops_a_logger_at_construction(monkeypatch, build):
+    """A typo must not silently leave SIGTERM handling on (as "of" once did)."""
+    monkeypatch.setenv("TELEMETRY_HANDLE_SIGTERM", "of")
+    with pytest.raises(ConfigurationError, match="TELEMETRY_HANDLE_SIGTERM"):
+        if build == "metrics":
+            MetricsLogger(url="http://127.0.0.1:9", api_version=1, self_metrics_interval=None)
+        else:
+            LokiHandler("http://127.0.0.1:9", {"service": "s"})
 
 
 def test_explicitly_disabled_reads_and_checks_nothing():

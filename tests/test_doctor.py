@@ -790,6 +790,20 @@ def test_configuration_errors_and_ignored_settings_name_the_variable(tmp_path):
     assert "INFLUXDB_HOST" in ignored["evidence"] and "INFLUXDB_HOST" in ignored["fix"]
 
 
+def test_the_process_settings_are_shown_and_a_bad_sigterm_switch_fails(tmp_path):
+    code, report, _ = _doctor({"TELEMETRY_HANDLE_SIGTERM": "0", "TELEMETRY_EXIT_TIMEOUT": "5"}, home=tmp_path)
+    process = _verdicts(report)["Process configuration"]
+    assert process["status"] == "OK"
+    assert process["details"]["settings"] == {
+        "exit_timeout": {"value": 5.0, "source": "env TELEMETRY_EXIT_TIMEOUT"},
+        "handle_sigterm": {"value": False, "source": "env TELEMETRY_HANDLE_SIGTERM"},
+    }
+    code, report, _ = _doctor({"TELEMETRY_HANDLE_SIGTERM": "maybe"}, home=tmp_path)
+    process = _verdicts(report)["Process configuration"]
+    assert code == 2 and process["status"] == "FAIL"
+    assert "'maybe'" in process["evidence"] and "TELEMETRY_HANDLE_SIGTERM" in process["fix"]
+
+
 def test_nothing_configured_warns_and_says_what_to_set(tmp_path):
     code, report, _ = _doctor({}, home=tmp_path)
     verdicts = _verdicts(report)
