@@ -552,7 +552,8 @@ def prometheus_rate_interval(interval: timedelta, scrape: timedelta = PROMETHEUS
 
 
 def _builtins_prometheus(time_range: TimeRange, interval: timedelta) -> dict[str, str]:
-    """The macros Grafana's backend fills in (pkg/promlib/models/query.go, interpolateVariables).
+    """The macros Grafana's backend fills in (grafana/grafana pkg/promlib/models/query.go,
+    interpolateVariables, as of commit 00aaabd).
 
     $__interval is the query's step as gtime.FormatInterval writes it, $__range the
     range in whole seconds (rounded) with an "s", $__rate_interval a Go duration.
@@ -585,10 +586,11 @@ def expand_metricsql(
 
     Grafana's Prometheus data source interpolates without looking at the context
     (grafana/grafana packages/grafana-prometheus/src/escaping.ts, interpolateQueryExpr,
-    Grafana 11 to 13): a multi-value or "All"-able variable has each value escaped
-    by prometheusSpecialRegexEscape and several joined as `(a|b)`; "All" is the
-    allValue as is; a single-value variable goes through prometheusRegularEscape;
-    `${var:raw}` inserts the values joined by commas, unescaped.
+    as of commit 057ec12, the rules datasource.ts had before it): a multi-value or
+    "All"-able variable has each value escaped by prometheusSpecialRegexEscape and
+    several joined as `(a|b)`; "All" is the allValue as is; a single-value variable
+    goes through prometheusRegularEscape; `${var:raw}` inserts the values joined by
+    commas, unescaped.
     """
     interval = interval or auto_interval(time_range, min_interval=PROMETHEUS_SCRAPE_INTERVAL)
     builtins = _builtins_prometheus(time_range, interval)
