@@ -120,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranges", default="1h,6h,24h,7d", help="dashboard time ranges to time")
     parser.add_argument("--repeat", type=int, default=1, help="runs per query; the median is reported")
     parser.add_argument("--url", help="an InfluxDB 1.x already holding the backfill (skips starting one)")
+    parser.add_argument("--backfill", action="store_true", help="with --url: backfill into that server first")
+    parser.add_argument("--workers", type=int, default=3, help="processes writing the backfill at once")
     parser.add_argument("--database", default="telemetry")
     parser.add_argument("--end", help="end of the backfill with --url, ISO 8601")
     parser.add_argument("--json", help="also write every timing to this file")
@@ -127,42 +129,57 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     TIMEOUT_S = args.timeout
     shape = FleetShape(miners=args.miners, validators=args.validators, gpus_per_node=args.gpus, hours=args.hours)
-    ranges = {name: RANGES[name] for name in args.ranges.split(",")}
-    if args.url:
+    ranges = {name: RANGES[name] for name in args.ranges.split(",") if name}
+    if args.url and not args.backfill:
         end = datetime.fromisoformat(args.end) if args.end else datetime.now(UTC)
+        return report(args.url, args.database, shape, end, ranges, args)
+    if args.url:
+        end = fill(args.url, args.database, shape, args.workers)
         return report(args.url, args.database, shape, end, ranges, args)
     from servers import influxdb_v1
 
     with influxdb_v1() as server:
-        server.create_database(args.database)
-        for statement in downsampling.influxql_setup(args.database):
-            server.query(statement)
-        end = datetime.now(UTC).replace(microsecond=0)
-        print(f"fleet: {len(shape.nodes())} nodes ({shape.miners} miners, {shape.validators} validators, ", end="")
-        print(
-            f"{shape.aggregators} aggregator, {shape.evaluators} evaluator), {shape.gpus_per_node} GPUs each, ", end=""
-        )
-        print(f"{shape.hours:g} h of history")
-        fleet = card.Fleet(shape.miners, shape.validators, shape.aggregators, shape.evaluators, shape.gpus_per_node)
-        print(card.report(fleet))
-        start = time.perf_counter()
-        sent = backfill(server.url, args.database, shape, end)
-        print(f"backfill: {sent:,} points through MetricsLogger in {time.perf_counter() - start:.0f} s")
-        start = time.perf_counter()
-        end_ms = int(end.timestamp() * 1000) + 1
-        hour_ms = 3_600_000
-        chunk_start = int((end - timedelta(hours=args.hours)).timestamp() * 1000) - 300_000
-        while chunk_start < end_ms:  # an hour at a time: each statement stays short
-            chunk_end = min(end_ms, chunk_start + hour_ms)
-            for statement in downsampling.influxql_backfill(args.database, chunk_start, chunk_end):
-                _, _, _, error = run_query(server.url, args.database, statement, timeout=600)
-                if error:
-                    raise RuntimeError(f"{error}: {statement}")
-            chunk_start = chunk_end
-        print(f"downsampled copy (what the continuous queries write) filled in {time.perf_counter() - start:.0f} s")
-        series = server.rows("SHOW SERIES EXACT CARDINALITY", args.database)
-        print(f"series in the database: {sum(r.get('count', 0) for r in series):,}")
+        end = fill(server.url, args.database, shape, args.workers)
         return report(server.url, args.database, shape, end, ranges, args)
+
+
+def fill(url: str, database: str, shape: FleetShape, workers: int) -> datetime:
+    """Create the database and its copy's continuous queries, backfill the fleet, fill the copy; return the end."""
+    for statement in [f'CREATE DATABASE "{database}"', *downsampling.influxql_setup(database)]:
+        _, _, _, error = run_query(url, database, statement)
+        if error:
+            raise RuntimeError(f"{error}: {statement}")
+    end = datetime.now(UTC).replace(microsecond=0)
+    print(f"fleet: {len(shape.nodes())} nodes ({shape.miners} miners, {shape.validators} validators, ", end="")
+    print(f"{shape.aggregators} aggregator, {shape.evaluators} evaluator), {shape.gpus_per_node} GPUs each, ", end="")
+    print(f"{shape.hours:g} h of history ending {end.isoformat()}")
+    fleet = card.Fleet(shape.miners, shape.validators, shape.aggregators, shape.evaluators, shape.gpus_per_node)
+    print(card.report(fleet))
+    start = time.perf_counter()
+    sent = backfill(url, database, shape, end, workers=workers)
+    seconds = time.perf_counter() - start
+    print(f"backfill: {sent:,} points in {seconds:.0f} s ({sent / seconds:,.0f} points/s, {workers} processes)")
+    start = time.perf_counter()
+    end_ms = int(end.timestamp() * 1000) + 1
+    hour_ms = 3_600_000
+    chunk_start = int((end - timedelta(hours=shape.hours)).timestamp() * 1000) - 300_000
+    while chunk_start < end_ms:  # an hour at a time: each statement stays short
+        chunk_end = min(end_ms, chunk_start + hour_ms)
+        for statement in downsampling.influxql_backfill(database, chunk_start, chunk_end):
+            _, _, _, error = run_query(url, database, statement, timeout=600)
+            if error:
+                raise RuntimeError(f"{error}: {statement}")
+        chunk_start = chunk_end
+    print(f"downsampled copy (what the continuous queries write) filled in {time.perf_counter() - start:.0f} s")
+    rows = json.loads(_get(url, database, "SHOW SERIES EXACT CARDINALITY"))["results"][0].get("series", [])
+    print(f"series in the database: {sum(s['values'][0][0] for s in rows):,}")
+    return end
+
+
+def _get(url: str, database: str, text: str) -> bytes:
+    data = urllib.parse.urlencode({"q": text, "db": database}).encode()
+    with urllib.request.urlopen(f"{url}/query", data=data, timeout=600) as response:
+        return response.read()
 
 
 def report(url: str, database: str, shape: FleetShape, end: datetime, ranges: dict, args) -> int:
