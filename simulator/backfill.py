@@ -1,12 +1,16 @@
-"""Backfill a fleet's history into InfluxDB through MetricsLogger, with past timestamps.
+"""Backfill a fleet's history into InfluxDB as its MetricsLoggers write it, with past timestamps.
 
 The dashboards' cost at fleet scale depends on how many series and points a day
 of a real fleet leaves behind, so the benchmark (bench/bench_dashboards.py) and
-the series-budget test write one: every node has its own MetricsLogger, as real
-nodes do, and logs what a node of its role logs, at ordinary rates, for the hours
-before `end`. The client's own counters (`telemetry_client`, which a live logger
-writes from its sender thread) are written here as the logger would have written
-them: cumulative values with the per-interval deltas beside them.
+the series-budget tests write one: every node logs what a node of its role logs,
+at ordinary rates, for the hours before `end`, under the standard tags its own
+MetricsLogger sets. The client's own counters (`telemetry_client`, which a live
+logger writes from its sender thread) are written as the logger would have
+written them: cumulative values with the per-interval deltas beside them.
+
+The lines are the client's own (its encoder, `InfluxSink`; its configuration's
+write URL and headers; its gzip transport); only the batching differs from a
+live logger's, so that a day of the reference fleet is written in minutes.
 """
 
 from __future__ import annotations
@@ -365,5 +369,8 @@ def backfill(
     jobs = [_Job(url, database, api_version, token, org, shape, uid, role, end_s, batch_bytes) for uid, role in nodes]
     if workers <= 1:
         return sum(map(_write_node, jobs))
-    with multiprocessing.get_context("fork").Pool(workers) as pool:
+    # Fresh interpreters, not forks: the caller may have sender threads running
+    # (a fork copies their locks held); a script calling this needs the usual
+    # `if __name__ == "__main__":` guard.
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
         return sum(pool.imap_unordered(_write_node, jobs))
