@@ -290,6 +290,8 @@ def send_test(args: argparse.Namespace, node: NodeConfig) -> list[Check]:
 def stack_settings(node: NodeConfig, args: argparse.Namespace) -> StackSettings:
     """The local stack's addresses and credentials: the node's own settings plus Grafana's (`make doctor`)."""
     settings = StackSettings(timeout=args.timeout)
+    if os.environ.get("METRICS_BACKEND") == "victoriametrics":  # make doctor passes the stack's backend
+        settings.metrics_backend = "victoriametrics"
     if node.influxdb is not None:
         settings.influxdb_url = str(node.influxdb.base_url)
         settings.database = node.influxdb.database

@@ -285,7 +285,10 @@ def influx_authorisation(endpoint: Endpoint, result: Probe, timeout: float = 5.0
         bogus = "Token not-a-real-token" if endpoint.api_version == 2 else "Basic bm90LWEtdXNlcjpub3QtYS1wYXNzd29yZA=="
         control = authorisation_probe(Endpoint(**{**endpoint.__dict__, "headers": {"Authorization": bogus}}), timeout)
         details["unknown_credential_status"] = control.status
-        if control.status in (401, 403):
+        # vmauth in front of VictoriaMetrics refuses an unknown token with 401, or with 400
+        # "cannot find the provided auth token" up to 1.79 (VictoriaMetrics app/vmauth/main.go).
+        refused_by_vmauth = control.status == 400 and b"cannot find the provided auth token" in (control.body or b"")
+        if control.status in (401, 403) or refused_by_vmauth:
             return ok(
                 name,
                 f"{server} checked these credentials and allows them to write to {target} (204 to an empty "

@@ -8,6 +8,12 @@ grafana/alerting/ are loaded (`GET /api/search`,
 `GET /api/v1/provisioning/alert-rules`); the node token may write and not read,
 and Grafana's read token may read and not write. No check stores anything: a
 write permission is proved by an empty write (see doctor_server).
+
+With METRICS_BACKEND=victoriametrics the metrics store is VictoriaMetrics behind
+vmauth (compose/docker-compose.victoriametrics.yml): the checks read the
+`-victoriametrics` twins of grafana/provisioning, dashboards and alerting, the node
+token may write but neither query nor delete, and there is no read token to check
+(Grafana queries VictoriaMetrics on the stack's own network).
 """
 
 from __future__ import annotations
@@ -41,6 +47,19 @@ class StackSettings:
     grafana_headers: dict[str, str] = field(default_factory=dict)  # Grafana admin (basic auth) or a token
     grafana_dir: Path = REPOSITORY / "grafana"
     timeout: float = 5.0
+    metrics_backend: str = "influxdb"  # or "victoriametrics" (METRICS_BACKEND of compose/.env)
+
+    @property
+    def victoriametrics(self) -> bool:
+        return self.metrics_backend == "victoriametrics"
+
+    @property
+    def store(self) -> str:
+        return "VictoriaMetrics" if self.victoriametrics else "InfluxDB"
+
+    def grafana_files(self, name: str) -> Path:
+        """grafana/<name>, or its `-victoriametrics` twin for that backend (docs/local-stack.md)."""
+        return self.grafana_dir / (f"{name}-victoriametrics" if self.victoriametrics else name)
 
 
 def token_headers(token: str | None) -> dict[str, str]:
@@ -72,25 +91,31 @@ def _unreachable(name: str, result: Probe, setting: str) -> Check:
 
 
 def services(settings: StackSettings) -> list[Check]:
-    """InfluxDB `/health` (2.x; `/ping` on 1.x), Loki `/ready`, Grafana `/api/health`: each says it is up."""
+    """The metrics store's `/health` (InfluxDB 2.x, or vmauth in front of VictoriaMetrics; `/ping` on
+    InfluxDB 1.x), Loki `/ready`, Grafana `/api/health`: each says it is up."""
     checks = []
+    store, port, service = (
+        ("VictoriaMetrics", "VICTORIAMETRICS_PORT", "vmauth")
+        if settings.victoriametrics
+        else ("InfluxDB", "INFLUXDB_PORT", "influxdb")
+    )
     influx = probe(settings.influxdb_url + "/health", timeout=settings.timeout)
     if influx.status == 404:
         influx = probe(settings.influxdb_url + "/ping", timeout=settings.timeout)
     if not influx.answered:
-        checks.append(_unreachable("InfluxDB service", influx, "INFLUXDB_PORT in compose/.env"))
+        checks.append(_unreachable(f"{store} service", influx, f"{port} in compose/.env"))
     elif influx.status in (200, 204):
         body = _json(influx)
         version = influx.headers.get("x-influxdb-version") or (body.get("version") if isinstance(body, dict) else "")
         checks.append(
-            ok("InfluxDB service", f"{influx.url} answered {influx.status} (version {version or 'unknown'}).")
+            ok(f"{store} service", f"{influx.url} answered {influx.status} (version {version or 'unknown'}).")
         )
     else:
         checks.append(
             fail(
-                "InfluxDB service",
+                f"{store} service",
                 f"{influx.url} answered {influx.status}: {influx.text()}.",
-                "Read `make logs SERVICE=influxdb`.",
+                f"Read `make logs SERVICE={service}`.",
             )
         )
     loki = probe(settings.loki_url + "/ready", timeout=settings.timeout)
@@ -126,27 +151,29 @@ def services(settings: StackSettings) -> list[Check]:
 # ---- Grafana ---------------------------------------------------------------------------
 
 
-def provisioned_datasource_uids(grafana_dir: Path) -> list[str]:
-    """The `uid:` of every data source in grafana/provisioning/datasources/*.yml."""
+def provisioned_datasource_uids(grafana_dir: Path, provisioning: str = "provisioning") -> list[str]:
+    """The `uid:` of every data source in grafana/<provisioning>/datasources/*.yml."""
     uids = []
-    for path in sorted((grafana_dir / "provisioning" / "datasources").glob("*.y*ml")):
+    for path in sorted((grafana_dir / provisioning / "datasources").glob("*.y*ml")):
         uids += re.findall(r"^\s+uid:\s*['\"]?([\w-]+)", path.read_text(), flags=re.MULTILINE)
     return uids
 
 
-def provisioned_dashboards(grafana_dir: Path) -> dict[str, str]:
-    """uid -> title of every dashboard in grafana/dashboards/."""
+def provisioned_dashboards(grafana_dir: Path, folder: str = "dashboards") -> dict[str, str]:
+    """uid -> title of every dashboard in grafana/<folder>/."""
     found = {}
-    for path in sorted((grafana_dir / "dashboards").glob("*.json")):
+    for path in sorted((grafana_dir / folder).glob("*.json")):
         data = json.loads(path.read_text())
         found[str(data.get("uid"))] = str(data.get("title"))
     return found
 
 
-def provisioned_alert_rules(grafana_dir: Path) -> dict[str, str] | None:
-    """uid -> title of every rule in grafana/alerting/ (None when pyyaml is missing to read them)."""
+def provisioned_alert_rules(
+    grafana_dir: Path, alerting: str = "alerting", provisioning: str = "provisioning"
+) -> dict[str, str] | None:
+    """uid -> title of every rule in grafana/<alerting>/ (None when pyyaml is missing to read them)."""
     files = [
-        p for folder in ("alerting", "provisioning/alerting") for p in sorted((grafana_dir / folder).glob("*.y*ml"))
+        p for folder in (alerting, f"{provisioning}/alerting") for p in sorted((grafana_dir / folder).glob("*.y*ml"))
     ]
     if not files:
         return {}
@@ -178,7 +205,8 @@ def _grafana_refused(name: str, result: Probe) -> Check:
 def datasources(settings: StackSettings) -> list[Check]:
     """Grafana's own health check of every provisioned data source."""
     checks = []
-    for uid in provisioned_datasource_uids(settings.grafana_dir):
+    provisioning = settings.grafana_files("provisioning").name
+    for uid in provisioned_datasource_uids(settings.grafana_dir, provisioning):
         name = f"Grafana data source {uid!r}"
         result = _grafana_get(settings, f"/api/datasources/uid/{urllib.parse.quote(uid)}/health")
         body = _json(result)
@@ -194,7 +222,7 @@ def datasources(settings: StackSettings) -> list[Check]:
                 fail(
                     name,
                     f"Grafana does not know this data source ({message}).",
-                    "Check grafana/provisioning/datasources and restart Grafana (`make up`).",
+                    f"Check grafana/{provisioning}/datasources and restart Grafana (`make up`).",
                 )
             )
         else:
@@ -202,7 +230,13 @@ def datasources(settings: StackSettings) -> list[Check]:
                 fail(
                     name,
                     f"Grafana's health check failed ({result.status}): {message}",
-                    "Check INFLUXDB_READ_TOKEN / the data source URL Grafana is given (compose/docker-compose.yml).",
+                    (
+                        "Check the data source URL Grafana is given (VICTORIAMETRICS_URL, "
+                        "compose/docker-compose.victoriametrics.yml)."
+                        if settings.victoriametrics
+                        else "Check INFLUXDB_READ_TOKEN / the data source URL Grafana is given "
+                        "(compose/docker-compose.influxdb.yml)."
+                    ),
                 )
             )
     return checks
@@ -211,7 +245,7 @@ def datasources(settings: StackSettings) -> list[Check]:
 def dashboards(settings: StackSettings) -> Check:
     """Every dashboard of grafana/dashboards/ is loaded (found by uid through `/api/search`)."""
     name = "Grafana dashboards"
-    expected = provisioned_dashboards(settings.grafana_dir)
+    expected = provisioned_dashboards(settings.grafana_dir, settings.grafana_files("dashboards").name)
     result = _grafana_get(settings, "/api/search?type=dash-db&limit=5000")
     if not result.answered:
         return _unreachable(name, result, "GRAFANA_PORT in compose/.env")
@@ -234,7 +268,9 @@ def dashboards(settings: StackSettings) -> Check:
 def alert_rules(settings: StackSettings) -> Check:
     """Every alert rule of grafana/alerting/ is loaded (`/api/v1/provisioning/alert-rules`)."""
     name = "Grafana alert rules"
-    expected = provisioned_alert_rules(settings.grafana_dir)
+    expected = provisioned_alert_rules(
+        settings.grafana_dir, settings.grafana_files("alerting").name, settings.grafana_files("provisioning").name
+    )
     if expected is None:
         return warn(name, "pyyaml is not installed, so the provisioned rules cannot be read.", "pip install pyyaml.")
     result = _grafana_get(settings, "/api/v1/provisioning/alert-rules")
@@ -269,20 +305,46 @@ def _write_url(settings: StackSettings) -> str:
 
 
 def may_write(settings: StackSettings, headers: dict[str, str]) -> tuple[bool | None, str]:
-    """An empty write: allowed (204, or 2.x's 400 'writing requires points'), refused (401/403), or unknown."""
+    """An empty write: allowed (204, or 2.x's 400 'writing requires points'), refused (401/403), or unknown.
+
+    vmauth 1.79 answers an unknown token with 400 "cannot find the provided auth token"
+    (VictoriaMetrics app/vmauth/main.go; newer releases 401): refused too.
+    """
     result = probe(_write_url(settings), method="POST", body=b"", headers={**headers, "Content-Type": "text/plain"})
     if not result.answered:
         return None, f"no answer ({result.error})"
     said = f"{result.status} {result.text(120)!r}"
     if result.status == 204 or (result.status == 400 and b"writing requires points" in result.body):
         return True, said
-    if result.status in (401, 403):
+    if result.status in (401, 403) or (result.status == 400 and b"cannot find the provided auth token" in result.body):
         return False, said
+    return None, said
+
+
+def may_query_victoriametrics(settings: StackSettings, headers: dict[str, str]) -> tuple[bool | None, str]:
+    """A MetricsQL query (`/api/v1/query`) through vmauth: an answer means it may read.
+
+    vmauth answers a credential without a route for the path with 400 "missing route"
+    (VictoriaMetrics app/vmauth/main.go), an unknown one with 400 or 401 (see may_write).
+    """
+    result = probe(f"{settings.influxdb_url.rstrip('/')}/api/v1/query?query=1", headers=headers)
+    if not result.answered:
+        return None, f"no answer ({result.error})"
+    said = f"{result.status} {result.text(120)!r}"
+    if result.status in (401, 403) or (
+        result.status == 400 and (b"missing route" in result.body or b"auth token" in result.body)
+    ):
+        return False, said
+    body = _json(result)
+    if result.status == 200 and isinstance(body, dict):
+        return body.get("status") == "success", said
     return None, said
 
 
 def may_read(settings: StackSettings, headers: dict[str, str]) -> tuple[bool | None, str]:
     """InfluxQL `SHOW MEASUREMENTS` through `/query`: rows or an empty result mean it may read."""
+    if settings.victoriametrics:
+        return may_query_victoriametrics(settings, headers)
     query = urllib.parse.urlencode({"db": settings.database, "q": "SHOW MEASUREMENTS"})
     result = probe(f"{settings.influxdb_url.rstrip('/')}/query?{query}", headers=headers)
     if not result.answered:
@@ -308,21 +370,29 @@ def credential(
         )
     can_write, write_said = may_write(settings, headers)
     can_read, read_said = may_read(settings, headers)
-    evidence = f"{setting} {secret}: empty write → {write_said}; SHOW MEASUREMENTS → {read_said}."
+    query = "a MetricsQL query" if settings.victoriametrics else "SHOW MEASUREMENTS"
+    evidence = f"{setting} {secret}: empty write → {write_said}; {query} → {read_said}."
     if can_write is None or can_read is None:
-        return warn(name, evidence, "Check that InfluxDB is up (`make ps`) and answers as InfluxDB does.")
+        return warn(
+            name, evidence, f"Check that {settings.store} is up (`make ps`) and answers as {settings.store} does."
+        )
     if can_write != write or can_read != read:
         wrong = []
         if can_write != write:
             wrong.append("may write" if can_write else "may not write")
         if can_read != read:
             wrong.append("may read" if can_read else "may not read")
-        return fail(
-            name,
-            f"it {' and '.join(wrong)}: {evidence}",
-            f"Recreate {setting} with only {'write' if write else 'read'} access to the bucket "
-            "(compose/influxdb/init/10-tokens.sh; `make clean VOLUMES=1 && make up` regenerates them).",
-        )
+        if settings.victoriametrics:
+            fix = (
+                f"{setting} must be the node token of compose/secrets/victoriametrics_node_token, which vmauth "
+                "routes to /write and /api/v2/write only (compose/secrets/vmauth_config; `make up` rewrites it)."
+            )
+        else:
+            fix = (
+                f"Recreate {setting} with only {'write' if write else 'read'} access to the bucket "
+                "(compose/influxdb/init/10-tokens.sh; `make clean VOLUMES=1 && make up` regenerates them)."
+            )
+        return fail(name, f"it {' and '.join(wrong)}: {evidence}", fix)
     return ok(name, f"{'writes' if write else 'reads'} and may not {'read' if write else 'write'}: {evidence}")
 
 
@@ -336,6 +406,8 @@ def stack_checks(settings: StackSettings) -> list[Check]:
     checks.append(
         credential(settings, "Node token", settings.node_headers, write=True, read=False, setting="INFLUXDB_TOKEN")
     )
+    if settings.victoriametrics:  # Grafana reads VictoriaMetrics on the stack's network, without a token
+        return checks
     checks.append(
         credential(
             settings, "Grafana read token", settings.read_headers, write=False, read=True, setting="INFLUXDB_READ_TOKEN"

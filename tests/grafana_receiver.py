@@ -30,7 +30,10 @@ receiver, which follows Grafana's documented request and response format:
   "message"}` when the plugin's CheckHealth passes, 400 `{"status": "ERROR", "message"}`
   when it fails, 500 `{"message": "Unable to load datasource metadata"}` for an unknown
   uid); the InfluxDB source's check runs `SHOW MEASUREMENTS` on its database, the Loki
-  source's check reaches the receiver (the messages are this receiver's own);
+  source's check reaches the receiver (the messages are this receiver's own), the
+  Prometheus source's check (a VictoriaMetrics) runs the instant query `1+1` at t=4 s and
+  answers "Successfully queried the Prometheus API." or "<error> - There was an error
+  returned querying the Prometheus API." (grafana/grafana `pkg/promlib/healthcheck.go`);
   `GET /api/search` (the provisioned dashboards: `uid`, `title`, `type: "dash-db"`,
   `folderUid`; `type=`/`query=` filter them) and `GET /api/v1/provisioning/alert-rules`
   (the provisioned rules as given, a JSON array), as Grafana's HTTP API reference
@@ -80,6 +83,14 @@ class LokiSource:
     type: str = "loki"
 
 
+@dataclass(frozen=True)
+class PrometheusSource:
+    """A provisioned Prometheus-type data source (a VictoriaMetrics); only its health check is modelled."""
+
+    url: str
+    type: str = "prometheus"
+
+
 @dataclass
 class SeenQuery:
     """One query as the receiver got it, and what it ran."""
@@ -102,7 +113,7 @@ class GrafanaReceiver:
 
     def __init__(
         self,
-        datasources: dict[str, InfluxSource | LokiSource],
+        datasources: dict[str, InfluxSource | LokiSource | PrometheusSource],
         *,
         token: str | None = None,
         basic_auth: tuple[str, str] | None = None,
@@ -275,6 +286,8 @@ class GrafanaReceiver:
             except (urllib.error.URLError, OSError) as exc:
                 return 400, {"status": "ERROR", "message": f"Unable to connect with Loki: {exc}"}
             return 200, {"status": "OK", "message": "Data source successfully connected."}
+        if isinstance(source, PrometheusSource):
+            return _prometheus_health(source)
         try:
             results = influx_query(source, "SHOW MEASUREMENTS")
         except RuntimeError as exc:
@@ -395,6 +408,22 @@ def table_frames(ref_id: str, executed: str, results: list[dict[str, Any]]) -> l
         else:
             fields.append({"name": name, "type": "number", "typeInfo": {"frame": "float64", "nullable": True}})
     return [_frame(ref_id, "", executed, fields, values)] if any(values) else []
+
+
+def _prometheus_health(source: PrometheusSource) -> tuple[int, dict[str, Any]]:
+    """Grafana's Prometheus CheckHealth: `1+1` as an instant query (POST, as `httpMethod: POST` provisions it)."""
+    failed = "There was an error returned querying the Prometheus API."
+    data = urllib.parse.urlencode({"query": "1+1", "time": "4"}).encode()
+    try:
+        with urllib.request.urlopen(source.url.rstrip("/") + "/api/v1/query", data=data, timeout=30) as response:
+            body = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return 400, {"status": "ERROR", "message": f"{exc.code} {exc.read().decode(errors='replace')} - {failed}"}
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return 400, {"status": "ERROR", "message": f"{exc} - {failed}"}
+    if body.get("status") != "success":
+        return 400, {"status": "ERROR", "message": f"{body.get('error')} - {failed}"}
+    return 200, {"status": "OK", "message": "Successfully queried the Prometheus API."}
 
 
 class _Handler(BaseHTTPRequestHandler):

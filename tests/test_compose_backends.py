@@ -21,6 +21,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -402,8 +405,17 @@ def wait_for_samples(vm_url: str, match: str, samples: int, deadline_s: float = 
         time.sleep(0.2)
 
 
-@pytest.mark.timeout(300)
-def test_the_node_token_writes_through_vmauth_and_nothing_else(tmp_path: Path, monkeypatch) -> None:
+@dataclass
+class WritePath:
+    """VictoriaMetrics behind vmauth as the VictoriaMetrics backend runs them, and the node's settings."""
+
+    vm_url: str
+    auth_url: str
+    node: dict[str, str]  # compose/node.env as stack.sh wrote it (its port is the compose default)
+
+
+@contextmanager
+def victoriametrics_behind_vmauth(tmp_path: Path) -> Iterator[WritePath]:
     """Debian's victoria-metrics and vmauth with the compose services' flags and stack.sh's configuration."""
     vm_binary, vmauth_binary = require_binary("victoria-metrics"), require_binary("vmauth")
     (tmp_path / "render").mkdir()
@@ -412,8 +424,6 @@ def test_the_node_token_writes_through_vmauth_and_nothing_else(tmp_path: Path, m
     node = dict(
         line.split("=", 1) for line in (tmp_path / "node.env").read_text().splitlines() if not line.startswith("#")
     )
-    token = node["INFLUXDB_TOKEN"]
-
     with tempfile.TemporaryDirectory(prefix="vm-backend-") as tmp:
         work = Path(tmp)
         # VictoriaMetrics: the compose command, with a local data path and a free loopback port.
@@ -440,56 +450,66 @@ def test_the_node_token_writes_through_vmauth_and_nothing_else(tmp_path: Path, m
             _running([vm_binary, *(f"-{k}={v}" for k, v in vm_flags.items())], f"{vm_url}/health", vm_dir),
             _running([vmauth_binary, *(f"-{k}={v}" for k, v in auth_flags.items())], f"{auth_url}/health", auth_dir),
         ):
-            # No credential: vmauth answers 401 before anything reaches VictoriaMetrics
-            # (app/vmauth/main.go: "missing `Authorization` request header").
-            status, _ = http(f"{auth_url}/api/v2/write?bucket=telemetry", b"nocred,uid=1 loss=1")
-            assert status == 401
-            # A wrong token: 400 "cannot find the provided auth token" on 1.79, 401 on
-            # newer releases (app/vmauth/main.go): refused either way.
-            status, _ = http(
-                f"{auth_url}/api/v2/write?bucket=telemetry", b"wrongtoken,uid=1 loss=1", {"Authorization": "Token x"}
-            )
-            assert status in (400, 401)
+            yield WritePath(vm_url, auth_url, node)
 
-            # The node's settings, as a node loads node.env, with vmauth's port of this test.
-            for key, value in {**node, "INFLUXDB_PORT": str(auth_port)}.items():
-                monkeypatch.setenv(key, value)
-            logger = MetricsLogger(
-                uid=7, role="miner", buffer=BufferSettings(flush_interval=0.05), self_metrics_interval=None
-            )
-            assert logger.api_version == 2  # /api/v2/write with "Authorization: Token <node token>"
-            now = time.time_ns()
-            for step in range(20):
-                logger.log("vmbackend", fields={"loss": step / 10}, timestamp=now + step * 1_000_000)
-            assert logger.flush(30) == 0
-            assert logger.stats()["sent"] == 20
-            logger.close(5)
-            [series] = wait_for_samples(vm_url, "vmbackend_loss", 20)
-            assert series["metric"]["uid"] == "7" and series["metric"]["role"] == "miner"
-            assert sorted(series["values"]) == [step / 10 for step in range(20)]
-            # VictoriaMetrics ignores the v2 org and bucket (app/vminsert/influx/request_handler.go
-            # reads only db and precision): they become no label.
-            assert not {"org", "bucket", "db"} & set(series["metric"])
 
-            # The same logger with another token delivers nothing, and says so in its counters.
-            monkeypatch.setenv("INFLUXDB_TOKEN", "not-the-node-token")
-            stranger = MetricsLogger(uid=8, buffer=BufferSettings(flush_interval=0.05), self_metrics_interval=None)
-            stranger.log("vmstranger", fields={"loss": 1.0})
-            stranger.flush(30)
-            stats = stranger.stats()
-            stranger.close(5)
-            assert stats["sent"] == 0 and stats["dropped"] == 1, stats
-            assert "auth token" in stats["last_error"], stats
-            assert exported(vm_url, '{__name__=~"(nocred|wrongtoken|vmstranger)_.*"}') == []
+@pytest.mark.timeout(300)
+def test_the_node_token_writes_through_vmauth_and_nothing_else(tmp_path: Path, monkeypatch) -> None:
+    """Debian's victoria-metrics and vmauth with the compose services' flags and stack.sh's configuration."""
+    with victoriametrics_behind_vmauth(tmp_path) as path:
+        vm_url, auth_url, node = path.vm_url, path.auth_url, path.node
+        token = node["INFLUXDB_TOKEN"]
+        auth_port = auth_url.rsplit(":", 1)[1]
+        # No credential: vmauth answers 401 before anything reaches VictoriaMetrics
+        # (app/vmauth/main.go: "missing `Authorization` request header").
+        status, _ = http(f"{auth_url}/api/v2/write?bucket=telemetry", b"nocred,uid=1 loss=1")
+        assert status == 401
+        # A wrong token: 400 "cannot find the provided auth token" on 1.79, 401 on
+        # newer releases (app/vmauth/main.go): refused either way.
+        status, _ = http(
+            f"{auth_url}/api/v2/write?bucket=telemetry", b"wrongtoken,uid=1 loss=1", {"Authorization": "Token x"}
+        )
+        assert status in (400, 401)
 
-            # The node token may not read or delete: vmauth has no route for it
-            # (app/vmauth/main.go: "missing route for ...").
-            node_auth = {"Authorization": f"Token {token}"}
-            for path in (
-                "/api/v1/query?query=vmbackend_loss",
-                "/api/v1/export?match[]=vmbackend_loss",
-                "/api/v1/admin/tsdb/delete_series?match[]=vmbackend_loss",
-            ):
-                status, body = http(auth_url + path, headers=node_auth)
-                assert status == 400 and "missing route" in body, (path, status, body)
-            assert len(exported(vm_url, "vmbackend_loss")) == 1  # still there
+        # The node's settings, as a node loads node.env, with vmauth's port of this test.
+        for key, value in {**node, "INFLUXDB_PORT": str(auth_port)}.items():
+            monkeypatch.setenv(key, value)
+        logger = MetricsLogger(
+            uid=7, role="miner", buffer=BufferSettings(flush_interval=0.05), self_metrics_interval=None
+        )
+        assert logger.api_version == 2  # /api/v2/write with "Authorization: Token <node token>"
+        now = time.time_ns()
+        for step in range(20):
+            logger.log("vmbackend", fields={"loss": step / 10}, timestamp=now + step * 1_000_000)
+        assert logger.flush(30) == 0
+        assert logger.stats()["sent"] == 20
+        logger.close(5)
+        [series] = wait_for_samples(vm_url, "vmbackend_loss", 20)
+        assert series["metric"]["uid"] == "7" and series["metric"]["role"] == "miner"
+        assert sorted(series["values"]) == [step / 10 for step in range(20)]
+        # VictoriaMetrics ignores the v2 org and bucket (app/vminsert/influx/request_handler.go
+        # reads only db and precision): they become no label.
+        assert not {"org", "bucket", "db"} & set(series["metric"])
+
+        # The same logger with another token delivers nothing, and says so in its counters.
+        monkeypatch.setenv("INFLUXDB_TOKEN", "not-the-node-token")
+        stranger = MetricsLogger(uid=8, buffer=BufferSettings(flush_interval=0.05), self_metrics_interval=None)
+        stranger.log("vmstranger", fields={"loss": 1.0})
+        stranger.flush(30)
+        stats = stranger.stats()
+        stranger.close(5)
+        assert stats["sent"] == 0 and stats["dropped"] == 1, stats
+        assert "auth token" in stats["last_error"], stats
+        assert exported(vm_url, '{__name__=~"(nocred|wrongtoken|vmstranger)_.*"}') == []
+
+        # The node token may not read or delete: vmauth has no route for it
+        # (app/vmauth/main.go: "missing route for ...").
+        node_auth = {"Authorization": f"Token {token}"}
+        for path in (
+            "/api/v1/query?query=vmbackend_loss",
+            "/api/v1/export?match[]=vmbackend_loss",
+            "/api/v1/admin/tsdb/delete_series?match[]=vmbackend_loss",
+        ):
+            status, body = http(auth_url + path, headers=node_auth)
+            assert status == 400 and "missing route" in body, (path, status, body)
+        assert len(exported(vm_url, "vmbackend_loss")) == 1  # still there
