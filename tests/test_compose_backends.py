@@ -21,6 +21,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from base64 import b64encode
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,7 +36,9 @@ from test_compose import (
     ROOT,
     clean_env,
     compose_config,
+    docker_engine,
     fake_engine,
+    http_status,
     mounts,
     seconds,
     stack,
@@ -513,3 +516,58 @@ def test_the_node_token_writes_through_vmauth_and_nothing_else(tmp_path: Path, m
             status, body = http(auth_url + path, headers=node_auth)
             assert status == 400 and "missing route" in body, (path, status, body)
         assert len(exported(vm_url, "vmbackend_loss")) == 1  # still there
+
+
+# ---------------------------------------------------------------- real stack
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(docker_engine() is not None, reason=str(docker_engine()))
+def test_make_up_on_victoriametrics_serves_grafana_from_it(tmp_path: Path) -> None:
+    ports = {"VICTORIAMETRICS_PORT": free_port(), "LOKI_PORT": free_port(), "GRAFANA_PORT": free_port()}
+    env_file = tmp_path / "stack.env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in {**ports, "BIND_ADDRESS": "127.0.0.1"}.items()))
+    env_file.chmod(0o600)
+    make_env = clean_env(
+        STACK_ENV_FILE=str(env_file),
+        STACK_SECRETS_DIR=str(tmp_path / "secrets"),
+        STACK_NODE_ENV_FILE=str(tmp_path / "node.env"),
+        COMPOSE_PROJECT_NAME=f"telemetry-vm-test-{os.getpid()}",
+    )
+    make = require_binary("make")
+    try:
+        up = subprocess.run(
+            [make, "-C", str(ROOT), "up", "METRICS_BACKEND=victoriametrics"],
+            capture_output=True,
+            text=True,
+            env=make_env,
+            timeout=600,
+            check=False,
+        )
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "The local stack is up (metrics: victoriametrics)." in up.stdout
+        base = "http://127.0.0.1"
+        auth_url = f"{base}:{ports['VICTORIAMETRICS_PORT']}"
+        assert http_status(f"{auth_url}/health")[0] == 200
+        assert http(f"{auth_url}/api/v2/write", b"nocred,uid=1 loss=1")[0] == 401
+        node = dict(
+            line.split("=", 1) for line in (tmp_path / "node.env").read_text().splitlines() if not line.startswith("#")
+        )
+        status, _ = http(f"{auth_url}/api/v2/write", b"", {"Authorization": f"Token {node['INFLUXDB_TOKEN']}"})
+        assert status == 204
+        password = (tmp_path / "secrets" / "grafana_admin_password").read_text()
+        auth = {"Authorization": "Basic " + b64encode(f"admin:{password}".encode()).decode()}
+        grafana = f"{base}:{ports['GRAFANA_PORT']}"
+        for uid in ("victoriametrics", "loki"):
+            status, body = http_status(f"{grafana}/api/datasources/uid/{uid}/health", auth)
+            assert status == 200, (uid, body)
+        assert http_status(f"{grafana}/api/datasources/uid/influxdb", auth)[0] == 404
+        status, body = http_status(f"{grafana}/api/search?type=dash-db", auth)
+        found = {d["uid"] for d in json.loads(body)}
+        expected = {json.loads(p.read_text())["uid"] for p in (GRAFANA / "dashboards-victoriametrics").glob("*.json")}
+        assert expected <= found
+    finally:
+        subprocess.run(
+            [make, "-C", str(ROOT), "clean", "VOLUMES=1"], capture_output=True, env=make_env, timeout=300, check=False
+        )
