@@ -1,8 +1,11 @@
-"""How long every dashboard takes to load over a fleet's history, on a real InfluxDB 1.6.7.
+"""How long every dashboard takes to load over a fleet's history, on a real InfluxDB 1.6.7 or VictoriaMetrics.
 
 Backfills a fleet (simulator/backfill.py) into a fresh influxd (tests/servers.py),
 or into a running one (--url --backfill), then runs every InfluxQL panel and
-variable query of grafana/dashboards/ as Grafana would: every variable at "All",
+variable query of grafana/dashboards/ as Grafana would; with --backend
+victoriametrics, into a fresh victoria-metrics (API v2, as nodes write) and every
+MetricsQL panel and variable query of grafana/dashboards-victoriametrics/ (no
+downsampled copy there). Every variable at "All",
 the auto interval of a ~1,000 px wide panel, at 1 h, 6 h, 24 h and 7 d ending at
 the end of the backfill. Per dashboard and range it prints the slowest query,
 the p95 and median of the queries, the whole load (all queries, six in flight as
@@ -11,6 +14,7 @@ in a browser), the largest response and the most series one query returned.
     python bench/bench_dashboards.py                       # a small fleet, minutes on 2 cores
     python bench/bench_dashboards.py --miners 256 --validators 16 --hours 24 --repeat 3   # the reference fleet
     python bench/bench_dashboards.py --url URL --end END --miners 256 --validators 16 --hours 24  # time again
+    python bench/bench_dashboards.py --backend victoriametrics   # the MetricsQL twins on VictoriaMetrics
 
 How the history is written: every line is the one the node's own MetricsLogger
 would write (its standard tags, the client's encoder InfluxSink, the write URL
@@ -55,6 +59,7 @@ from simulator import dashboards as dash
 from simulator.backfill import FleetShape, backfill
 from telemetry_client import cardinality as card
 
+VICTORIAMETRICS = "(victoriametrics)"  # the `database` of a VictoriaMetrics run: it has none
 RANGES = {"1h": timedelta(hours=1), "6h": timedelta(hours=6), "24h": timedelta(hours=24), "7d": timedelta(days=7)}
 IN_FLIGHT = 6  # queries a browser runs at once against one Grafana
 
@@ -88,29 +93,67 @@ def run_query(url: str, database: str, text: str, timeout: float | None = None) 
     return seconds, len(body), series, result.get("error", "")
 
 
-def expanded_queries(dashboard: dict, time_range: dash.TimeRange) -> list[tuple[dash.Query, str]]:
+def run_prometheus(url: str, query: dash.Query, text: str, time_range: dash.TimeRange) -> tuple[float, int, int, str]:
+    """The same for a MetricsQL query, sent as Grafana's Prometheus data source sends it."""
+    interval = dash.auto_interval(time_range, max_data_points=1000, min_interval=dash.PROMETHEUS_SCRAPE_INTERVAL)
+    if query.source == "variable":
+        label, selector = dash.prometheus_label_values(text)
+        path = f"/api/v1/label/{label}/values"
+        params = {"start": dash.prometheus_time(time_range.start_ms), "end": dash.prometheus_time(time_range.end_ms)}
+        if selector:
+            params["match[]"] = selector
+    elif query.instant:
+        path, params = "/api/v1/query", {"query": text, "time": dash.prometheus_time(time_range.end_ms)}
+    else:
+        path, params = "/api/v1/query_range", {"query": text, **dash.prometheus_range(time_range, interval)}
+    start = time.perf_counter()
+    try:
+        with urllib.request.urlopen(
+            f"{url}{path}", data=urllib.parse.urlencode(params).encode(), timeout=TIMEOUT_S
+        ) as response:
+            body = response.read()
+    except TimeoutError:
+        return TIMEOUT_S, 0, 0, f"timeout after {TIMEOUT_S:g} s"
+    except OSError as exc:
+        return time.perf_counter() - start, 0, 0, str(exc)
+    seconds = time.perf_counter() - start
+    answer = json.loads(body)
+    data = answer.get("data")
+    series = len(data) if query.source == "variable" else len((data or {}).get("result", []))
+    return seconds, len(body), series, answer.get("error", "")
+
+
+def expanded_queries(dashboard: dict, time_range: dash.TimeRange, kind: str) -> list[tuple[dash.Query, str]]:
     datasources = dash.load_datasources()
-    interval = dash.auto_interval(time_range, max_data_points=1000)
+    floor = dash.PROMETHEUS_SCRAPE_INTERVAL if kind == "prometheus" else timedelta(seconds=10)
+    interval = dash.auto_interval(time_range, max_data_points=1000, min_interval=floor)
     values = dash.all_selected(dashboard)
     out = []
     for query in dash.iter_queries([dashboard], datasources):
-        if query.datasource_type != "influxdb":
+        if query.datasource_type != kind:
             continue
         out.append((query, dash.expand(query, time_range, values, dashboard=dashboard, interval=interval)))
     return out
 
 
 def time_dashboard(url: str, database: str, dashboard: dict, time_range: dash.TimeRange, repeat: int) -> dict:
-    queries = expanded_queries(dashboard, time_range)
+    kind = "prometheus" if database == VICTORIAMETRICS else "influxdb"
+
+    def run(query: dash.Query, text: str) -> tuple[float, int, int, str]:
+        if kind == "prometheus":
+            return run_prometheus(url, query, text, time_range)
+        return run_query(url, database, text)
+
+    queries = expanded_queries(dashboard, time_range, kind)
     timings = []
     for query, text in queries:
-        runs = [run_query(url, database, text) for _ in range(repeat)]
+        runs = [run(query, text) for _ in range(repeat)]
         seconds = statistics.median(r[0] for r in runs)
         _, size, series, error = runs[-1]
         timings.append(Timing(query, seconds, size, series, error))
     start = time.perf_counter()
     with ThreadPoolExecutor(IN_FLIGHT) as pool:
-        list(pool.map(lambda qt: run_query(url, database, qt[1]), queries))
+        list(pool.map(lambda qt: run(*qt), queries))
     load = time.perf_counter() - start
     ordered = sorted(t.seconds for t in timings)
     slowest = max(timings, key=lambda t: t.seconds)
@@ -144,10 +187,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--end", help="end of the backfill with --url, ISO 8601")
     parser.add_argument("--json", help="also write every timing to this file")
     parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds before a query counts as timed out")
+    parser.add_argument(
+        "--backend", choices=("influxdb", "victoriametrics"), default="influxdb", help="the metrics store to time"
+    )
     args = parser.parse_args(argv)
     TIMEOUT_S = args.timeout
     shape = FleetShape(miners=args.miners, validators=args.validators, gpus_per_node=args.gpus, hours=args.hours)
     ranges = {name: RANGES[name] for name in args.ranges.split(",") if name}
+    if args.backend == "victoriametrics":
+        return bench_victoriametrics(shape, ranges, args)
     if args.url and not args.backfill:
         end = datetime.fromisoformat(args.end) if args.end else datetime.now(UTC)
         return report(args.url, args.database, shape, end, ranges, args)
@@ -200,11 +248,46 @@ def _get(url: str, database: str, text: str) -> bytes:
         return response.read()
 
 
+def bench_victoriametrics(shape: FleetShape, ranges: dict, args) -> int:
+    """The fleet into a victoria-metrics (a fresh one, or --url [--backfill]), then the MetricsQL set."""
+    if args.url and not args.backfill:
+        end = datetime.fromisoformat(args.end) if args.end else datetime.now(UTC)
+        return report(args.url, VICTORIAMETRICS, shape, end, ranges, args)
+    if args.url:
+        return report(
+            args.url, VICTORIAMETRICS, shape, fill_victoriametrics(args.url, shape, args.workers), ranges, args
+        )
+    from servers import victoria_metrics
+
+    with victoria_metrics() as server:
+        end = fill_victoriametrics(server.url, shape, args.workers)
+        return report(server.url, VICTORIAMETRICS, shape, end, ranges, args)
+
+
+def fill_victoriametrics(url: str, shape: FleetShape, workers: int) -> datetime:
+    """Backfill the fleet through /api/v2/write (VictoriaMetrics ignores the token and org); return the end."""
+    end = datetime.now(UTC).replace(microsecond=0)
+    print(f"fleet: {len(shape.nodes())} nodes, {shape.hours:g} h of history ending {end.isoformat()}")
+    start = time.perf_counter()
+    sent = backfill(
+        url, "telemetry", shape, end, api_version=2, token="bench-not-a-secret", org="bench", workers=workers
+    )
+    seconds = time.perf_counter() - start
+    print(f"backfill: {sent:,} points in {seconds:.0f} s ({sent / seconds:,.0f} points/s, {workers} processes)")
+    with urllib.request.urlopen(f"{url}/internal/force_flush", timeout=600):
+        pass  # searchable now, not in a second
+    with urllib.request.urlopen(f"{url}/api/v1/series/count", timeout=600) as response:
+        print(f"series in the database (one per field): {json.loads(response.read())['data'][0]:,}")
+    return end
+
+
 def report(url: str, database: str, shape: FleetShape, end: datetime, ranges: dict, args) -> int:
+    kind = "prometheus" if database == VICTORIAMETRICS else "influxdb"
+    directory = dash.VICTORIAMETRICS_DASHBOARDS_DIR if kind == "prometheus" else dash.DASHBOARDS_DIR
     dashboards = [
         d
-        for d in dash.load_dashboards()
-        if any(q.datasource_type == "influxdb" for q in dash.iter_queries([d], dash.load_datasources()))
+        for d in dash.load_dashboards(directory)
+        if any(q.datasource_type == kind for q in dash.iter_queries([d], dash.load_datasources()))
     ]
     rows = []
     dump = []
