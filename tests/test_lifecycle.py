@@ -173,6 +173,33 @@ def test_fork_pool_workers_deliver(influx_db, tmp_path):
     assert stored(server, database) == {f"task{k}": 500 for k in range(8)}
 
 
+@pytest.mark.parametrize("flush_in_task", [False, True], ids=["lost", "flushed-by-the-task"])
+def test_leaving_a_with_pool_block_terminates_workers_so_only_tasks_that_flush_deliver(
+    influx_db, tmp_path, flush_in_task
+):
+    """`Pool.__exit__` calls terminate(): SIGTERM's default action ends the workers with their buffers.
+
+    A task that calls `logger.flush()` before returning has delivered its points
+    before its result reaches the parent, so terminate() finds nothing to lose.
+    """
+    server, database = influx_db
+    body = f"""
+    logger = make_logger()
+
+    def work(k):
+        log_points(logger, f"task{{k}}", 500)
+        if {flush_in_task}:
+            logger.flush(30)
+
+    if __name__ == "__main__":
+        with mp.get_context("fork").Pool(2) as pool:
+            pool.map(work, range(8))
+    """
+    status, _, err = finish(run_child(tmp_path, body, server.url, database))
+    assert status == 0, err
+    assert stored(server, database) == ({f"task{k}": 500 for k in range(8)} if flush_in_task else {})
+
+
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_spawn_and_forkserver_children_with_their_own_logger_deliver(influx_db, tmp_path, method):
     server, database = influx_db
