@@ -3,9 +3,13 @@
 The rules come from the same builder and catalog as the dashboards (grafana/builder/,
 telemetry_client/catalog.py); each rule links the dashboard panel that shows what it
 watches, by the panel's title, so a renamed panel fails here rather than in Grafana.
+The rules are built once per metrics backend (grafana.builder.backend): InfluxQL into
+grafana/alerting/, MetricsQL into grafana/alerting-victoriametrics/, with the same
+file names, rule uids, LogQL rules, contact points, policies and settings: a stack
+provisions the set of its metrics store.
 
-    python grafana/build_alerting.py          # rewrite grafana/alerting/
-    python grafana/build_alerting.py --check  # exit 1 when they are out of date
+    python grafana/build_alerting.py          # rewrite both sets
+    python grafana/build_alerting.py --check  # exit 1 when either is out of date
 
 The files keep `${ALERT_...}` placeholders for the thresholds and durations; a
 deployment fills them in (grafana/alerting_src/render.py says why and how).
@@ -27,12 +31,14 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere: grafana.* and te
 
 from grafana.alerting_src import render as rd  # noqa: E402
 from grafana.alerting_src import settings as st  # noqa: E402
-from grafana.alerting_src.rules import GROUPS  # noqa: E402
+from grafana.alerting_src.rules import groups  # noqa: E402
 from grafana.builder.alerts import rule_group  # noqa: E402
+from grafana.builder.backend import Backend, building_for  # noqa: E402
 from grafana.builder.targets import Json  # noqa: E402
 from grafana.dashboards_src import BUILDERS  # noqa: E402
 
 OUT_DIR = Path(__file__).resolve().parent / "alerting"
+VICTORIAMETRICS_OUT_DIR = Path(__file__).resolve().parent / "alerting-victoriametrics"
 # The folder of the dashboards (grafana/provisioning/dashboards/dashboards.yml): rules sit beside them.
 FOLDER = "Training network"
 CONTACT_POINT = "telemetry"
@@ -43,19 +49,20 @@ HEADER = (
 )
 
 
-def panel_ids() -> dict[str, dict[str, int]]:
-    """Dashboard uid to {panel title: panel id}, from the dashboard builders."""
+def panel_ids(backend: Backend = "influxdb") -> dict[str, dict[str, int]]:
+    """Dashboard uid to {panel title: panel id}, from the dashboard builders of `backend`'s set."""
     out: dict[str, dict[str, int]] = {}
-    for build in BUILDERS.values():
-        dashboard = build()
-        out[dashboard["uid"]] = {p["title"]: p["id"] for p in dashboard["panels"] if p.get("type") != "row"}
+    with building_for(backend):
+        for build in BUILDERS.values():
+            dashboard = build()
+            out[dashboard["uid"]] = {p["title"]: p["id"] for p in dashboard["panels"] if p.get("type") != "row"}
     return out
 
 
-def rules_document() -> Json:
-    panels = panel_ids()
-    groups = []
-    for name, rules in GROUPS.items():
+def rules_document(backend: Backend = "influxdb") -> Json:
+    panels = panel_ids(backend)
+    documents = []
+    for name, rules in groups(backend).items():
         rendered = []
         for rule in rules:
             try:
@@ -65,8 +72,8 @@ def rules_document() -> Json:
                     f"{rule.uid}: no panel {rule.panel.panel_title!r} on {rule.panel.dashboard_uid}"
                 ) from None
             rendered.append(rule.to_json(panel_id))
-        groups.append(rule_group(name, FOLDER, "${ALERT_EVALUATION_SECONDS}s", rendered))
-    return {"apiVersion": 1, "groups": groups}
+        documents.append(rule_group(name, FOLDER, "${ALERT_EVALUATION_SECONDS}s", rendered))
+    return {"apiVersion": 1, "groups": documents}
 
 
 def contact_point_document(kind: str) -> Json:
@@ -132,6 +139,13 @@ class _Dumper(yaml.SafeDumper):
         super().increase_indent(flow, False)
 
 
+def _literal_when_multiline(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    """A query written on several lines stays on those lines (a literal block), each within yamllint's 120."""
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None)
+
+
+_Dumper.add_representer(str, _literal_when_multiline)
+
 _STANDALONE = re.compile(r"""(['"])(\$\{ALERT_[A-Z0-9_]+\})\1""")
 
 
@@ -150,10 +164,10 @@ def _yaml(document: Json) -> str:
     return HEADER + _STANDALONE.sub(r"\2", text)
 
 
-def render() -> dict[str, str]:
-    """File name to the exact text the committed file must have."""
+def render(backend: Backend = "influxdb") -> dict[str, str]:
+    """File name to the exact text the committed file of `backend`'s set must have."""
     return {
-        rd.RULES_FILE: _yaml(rules_document()),
+        rd.RULES_FILE: _yaml(rules_document(backend)),
         "contact-point-webhook.yaml": _yaml(contact_point_document("webhook")),
         "contact-point-email.yaml": _yaml(contact_point_document("email")),
         rd.POLICY_FILE: _yaml(policies_document()),
@@ -163,23 +177,31 @@ def render() -> dict[str, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 when grafana/alerting/ differs from the build")
-    parser.add_argument("--out", type=Path, default=OUT_DIR)
+    parser.add_argument("--check", action="store_true", help="exit 1 when a generated file differs from the build")
+    parser.add_argument("--out", type=Path, default=OUT_DIR, help="the InfluxDB set (default: grafana/alerting)")
+    parser.add_argument(
+        "--victoriametrics-out",
+        type=Path,
+        default=VICTORIAMETRICS_OUT_DIR,
+        help="the VictoriaMetrics set (default: grafana/alerting-victoriametrics)",
+    )
     args = parser.parse_args(argv)
+    files = {args.out / name: text for name, text in render("influxdb").items()}
+    files.update({args.victoriametrics_out / name: text for name, text in render("victoriametrics").items()})
     stale = []
-    for name, text in render().items():
-        path = args.out / name
+    for path, text in files.items():
         if path.exists() and path.read_text(encoding="utf-8") == text:
             continue
-        stale.append(name)
+        stale.append(path)
         if not args.check:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
     if args.check and stale:
-        print(f"out of date: {', '.join(stale)}; run python grafana/build_alerting.py", file=sys.stderr)
+        names = ", ".join(str(path) for path in stale)
+        print(f"out of date: {names}; run python grafana/build_alerting.py", file=sys.stderr)
         return 1
-    for name in stale:
-        print(f"wrote {args.out / name}")
+    for path in stale:
+        print(f"wrote {path}")
     return 0
 
 

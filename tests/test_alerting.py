@@ -12,7 +12,13 @@ for apiVersion 1 (grafana/grafana, the version pinned in versions.env):
   duration, noDataState in NoData/Alerting/OK/KeepLast and execErrState in
   Error/Alerting/OK/KeepLast (pkg/services/ngalert/models);
 - pkg/services/provisioning/values/values.go: `$NAME` and `${NAME}` in labels,
-  titles and contact point settings are environment variables, `$$` a literal `$`.
+  titles and contact point settings are environment variables, `$$` a literal `$`;
+- pkg/promlib/models/query.go (PrometheusQueryProperties, QueryModel): a Prometheus
+  query model has `expr`, `instant` and/or `range` (neither means range),
+  `editorMode`, and the common refId, datasource, intervalMs, maxDataPoints.
+
+Both sets are checked: grafana/alerting/ (InfluxQL) and grafana/alerting-victoriametrics/
+(MetricsQL), with the same rule uids and the same LogQL rules.
 """
 
 from __future__ import annotations
@@ -34,26 +40,68 @@ from grafana.dashboards_src import BUILDERS
 
 ROOT = Path(__file__).resolve().parents[1]
 ALERTING = ROOT / "grafana" / "alerting"
+VICTORIA_ALERTING = ROOT / "grafana" / "alerting-victoriametrics"
+SETS = pytest.mark.parametrize("backend", ["influxdb", "victoriametrics"])
+DIRS = {"influxdb": ALERTING, "victoriametrics": VICTORIA_ALERTING}
+METRICS_UID = {"influxdb": "influxdb", "victoriametrics": "victoriametrics"}
 DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")  # github.com/prometheus/common/model ParseDuration
 REF = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
 EXPRESSION_TYPES = {"reduce", "math", "threshold", "classic_conditions", "resample"}
 
 
-def rendered(tmp_path: Path, overrides: dict[str, str] | None = None, env: dict[str, str] | None = None) -> dict:
-    files = rd.render_dir(ALERTING, tmp_path, overrides, env or {})
+def rendered(
+    tmp_path: Path,
+    overrides: dict[str, str] | None = None,
+    env: dict[str, str] | None = None,
+    source: Path = ALERTING,
+) -> dict:
+    files = rd.render_dir(source, tmp_path, overrides, env or {})
     return {path.name: yaml.safe_load(path.read_text()) for path in files}
 
 
-def test_committed_files_are_what_the_builder_generates() -> None:
+@SETS
+def test_committed_files_are_what_the_builder_generates(backend: str) -> None:
     assert ba.main(["--check"]) == 0, "run python grafana/build_alerting.py"
-    for name, text in ba.render().items():
-        assert (ALERTING / name).read_text() == text, name
+    for name, text in ba.render(backend).items():
+        assert (DIRS[backend] / name).read_text() == text, name
 
 
-def test_check_mode_reports_a_stale_file(tmp_path: Path) -> None:
-    assert ba.main(["--out", str(tmp_path)]) == 0
-    (tmp_path / "rules.yaml").write_text("apiVersion: 1\n")
-    assert ba.main(["--out", str(tmp_path), "--check"]) == 1
+@pytest.mark.parametrize("stale", ["influxdb", "victoriametrics"])
+def test_check_mode_reports_a_stale_file_of_either_set(tmp_path: Path, stale: str) -> None:
+    out = ["--out", str(tmp_path / "influxdb"), "--victoriametrics-out", str(tmp_path / "victoriametrics")]
+    assert ba.main(out) == 0
+    assert ba.main([*out, "--check"]) == 0
+    (tmp_path / stale / "rules.yaml").write_text("apiVersion: 1\n")
+    assert ba.main([*out, "--check"]) == 1
+
+
+def test_both_sets_share_uids_logql_rules_contact_points_and_settings(tmp_path: Path) -> None:
+    influx = rendered(tmp_path / "i", env={"ALERTING_WEBHOOK_URL": "x"})
+    victoria = rendered(tmp_path / "v", env={"ALERTING_WEBHOOK_URL": "x"}, source=VICTORIA_ALERTING)
+    assert {k: v for k, v in influx.items() if k != "rules.yaml"} == {
+        k: v for k, v in victoria.items() if k != "rules.yaml"
+    }
+    assert (ALERTING / "settings.env").read_text() == (VICTORIA_ALERTING / "settings.env").read_text()
+
+    def rules(document: dict) -> dict[str, dict]:
+        return {r["uid"]: r for g in document["groups"] for r in g["rules"]}
+
+    by_uid, vm_by_uid = rules(influx["rules.yaml"]), rules(victoria["rules.yaml"])
+    assert list(by_uid) == list(vm_by_uid) == [rule.uid for rule in RULES]
+    for uid, rule in by_uid.items():
+        twin = vm_by_uid[uid]
+        sources = [q["datasourceUid"] for q in rule["data"]]
+        assert [{"influxdb": "victoriametrics"}.get(s, s) for s in sources] == [
+            q["datasourceUid"] for q in twin["data"]
+        ]
+        if "loki" in sources:
+            assert rule["data"] == twin["data"], uid
+        # Same windows, same expressions: only the metrics queries' language differs.
+        assert [q["relativeTimeRange"] for q in rule["data"]] == [q["relativeTimeRange"] for q in twin["data"]]
+        expressions = [q["model"] for q in rule["data"] if q["datasourceUid"] == "__expr__"]
+        assert expressions == [q["model"] for q in twin["data"] if q["datasourceUid"] == "__expr__"], uid
+        for key in ("condition", "noDataState", "execErrState", "for", "labels", "dashboardUid", "panelId"):
+            assert rule[key] == twin[key], (uid, key)
 
 
 def _check_query(rule: dict[str, Any], query: dict[str, Any]) -> None:
@@ -73,13 +121,18 @@ def _check_query(rule: dict[str, Any], query: dict[str, Any]) -> None:
             assert evaluator["type"] in ("gt", "lt", "within_range", "outside_range")
             assert all(isinstance(p, int | float) for p in evaluator["params"]), rule["uid"]
     else:
-        assert query["datasourceUid"] in ("influxdb", "loki"), rule["uid"]
+        assert query["datasourceUid"] in ("influxdb", "victoriametrics", "loki"), rule["uid"]
         assert model["datasource"]["uid"] == query["datasourceUid"]
         assert model.get("query") if query["datasourceUid"] == "influxdb" else model.get("expr"), rule["uid"]
+        if query["datasourceUid"] == "victoriametrics":
+            assert model["datasource"]["type"] == "prometheus"
+            # Instant at the end of the window; the simulator evaluates it the same way.
+            assert model["instant"] is True and model["range"] is False, rule["uid"]
 
 
-def test_rules_have_the_provisioning_shape_once_rendered(tmp_path: Path) -> None:
-    document = rendered(tmp_path)["rules.yaml"]
+@SETS
+def test_rules_have_the_provisioning_shape_once_rendered(tmp_path: Path, backend: str) -> None:
+    document = rendered(tmp_path, source=DIRS[backend])["rules.yaml"]
     assert document["apiVersion"] == 1 and set(document) == {"apiVersion", "groups"}
     panels = {uid: {p["id"] for p in d["panels"]} for uid, d in ((b()["uid"], b()) for b in BUILDERS.values())}
     uids = []
@@ -93,6 +146,7 @@ def test_rules_have_the_provisioning_shape_once_rendered(tmp_path: Path) -> None
             assert rule["condition"] in refs and len(set(refs)) == len(refs)
             for query in rule["data"]:
                 _check_query(rule, query)
+                assert query["datasourceUid"] in ("__expr__", "loki", METRICS_UID[backend]), rule["uid"]
             assert rule["noDataState"] in ("NoData", "Alerting", "OK", "KeepLast")
             assert rule["execErrState"] in ("Error", "Alerting", "OK", "KeepLast")
             assert DURATION.match(rule["for"]), rule["for"]
@@ -116,8 +170,10 @@ def test_every_rule_names_the_node_labels_in_its_description() -> None:
         assert rule.no_data_reason and rule.exec_err_reason and rule.fired_by
 
 
-def test_no_placeholder_is_left_and_numbers_stay_numbers(tmp_path: Path) -> None:
-    rd.render_dir(ALERTING, tmp_path, {"ALERT_GPU_MEMORY_PERCENT": "90.5", "ALERT_NODE_SILENT_STEPS": "4"})
+@SETS
+def test_no_placeholder_is_left_and_numbers_stay_numbers(tmp_path: Path, backend: str) -> None:
+    overrides = {"ALERT_GPU_MEMORY_PERCENT": "90.5", "ALERT_NODE_SILENT_STEPS": "4"}
+    rd.render_dir(DIRS[backend], tmp_path, overrides)
     text = (tmp_path / "rules.yaml").read_text()
     assert "${ALERT_" not in text
     document = yaml.safe_load(text)
@@ -125,12 +181,16 @@ def test_no_placeholder_is_left_and_numbers_stay_numbers(tmp_path: Path) -> None
     gpu = next(q for q in rules["telemetry-gpu-memory-high"]["data"] if q["model"].get("type") == "threshold")
     assert gpu["model"]["conditions"][0]["evaluator"]["params"] == [90.5]
     silent = rules["telemetry-node-silent"]["data"][0]
-    assert 'moving_average(count("window"), 4)' in silent["model"]["query"]
+    if backend == "influxdb":
+        assert 'moving_average(count("window"), 4)' in silent["model"]["query"]
+    else:
+        assert "< bool (4 * 60)" in silent["model"]["expr"]
     assert silent["relativeTimeRange"] == {"from": 3600, "to": 0}
 
 
-def test_every_placeholder_is_a_setting_and_every_setting_is_used() -> None:
-    text = "".join((ALERTING / name).read_text() for name in ("rules.yaml", *rd.CONTACT_FILES))
+@SETS
+def test_every_placeholder_is_a_setting_and_every_setting_is_used(backend: str) -> None:
+    text = "".join((DIRS[backend] / name).read_text() for name in ("rules.yaml", *rd.CONTACT_FILES))
     used = set(rd.PLACEHOLDER.findall(text))
     assert used == set(st.BY_NAME), used ^ set(st.BY_NAME)
 
@@ -198,19 +258,24 @@ def run_entrypoint(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[st
     return subprocess.run(["sh", str(ENTRYPOINT)], env={**base, **env}, capture_output=True, text=True, check=False)
 
 
-def test_the_entrypoint_renders_exactly_what_the_python_renderer_does(tmp_path: Path) -> None:
+@SETS
+def test_the_entrypoint_renders_exactly_what_the_python_renderer_does(tmp_path: Path, backend: str) -> None:
     hook = tmp_path / "alerting_webhook_url"
     hook.write_text("https://discord.example/api/webhooks/1/abc\n")
     overrides = {"ALERT_GPU_MEMORY_PERCENT": "90.5", "ALERT_NODE_SILENT_STEPS": "5", "ALERT_WEBHOOK_TYPE": "discord"}
     done = run_entrypoint(
-        tmp_path, ALERTING_WEBHOOK_URL_FILE=str(hook), ALERTING_EMAIL_ADDRESSES="ops@example.org", **overrides
+        tmp_path,
+        ALERTING_WEBHOOK_URL_FILE=str(hook),
+        ALERTING_EMAIL_ADDRESSES="ops@example.org",
+        TELEMETRY_ALERTING_DIR=str(DIRS[backend]),
+        **overrides,
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == (
         f"provisioning={tmp_path / 'provisioning'} webhook=https://discord.example/api/webhooks/1/abc"
     )
     expected = rd.render_dir(
-        ALERTING, tmp_path / "python", overrides, {"ALERTING_WEBHOOK_URL": "x", "ALERTING_EMAIL_ADDRESSES": "y"}
+        DIRS[backend], tmp_path / "python", overrides, {"ALERTING_WEBHOOK_URL": "x", "ALERTING_EMAIL_ADDRESSES": "y"}
     )
     rendered_dir = tmp_path / "provisioning" / "alerting"
     assert sorted(p.name for p in rendered_dir.iterdir()) == sorted(p.name for p in expected)

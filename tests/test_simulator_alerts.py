@@ -1,9 +1,12 @@
 """Every provisioned alert rule, evaluated after real floods: quiet on a clean run, firing under its fault.
 
-Metrics go to a real InfluxDB 1.6.7, logs to the Loki conformance receiver; Loki's
-query API is served over the receiver's entries by tests/grafana_receiver.py (its
-LogQL evaluator), given to the simulator as --loki-query-url. Each run is ten
-seconds of load: the simulated rule windows are a few seconds.
+Each test runs on either metrics store with its own rule set: a real InfluxDB 1.6.7
+(grafana/alerting/, InfluxQL) and a real VictoriaMetrics (grafana/alerting-victoriametrics/,
+MetricsQL, a fresh server per test as InfluxDB gets a fresh database). Logs go to the
+Loki conformance receiver; Loki's query API is served over the receiver's entries by
+tests/grafana_receiver.py (its LogQL evaluator), given to the simulator as
+--loki-query-url. Each run is ten seconds of load: the simulated rule windows are a
+few seconds.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 import pytest
 from grafana_receiver import GrafanaReceiver, InfluxSource, LokiSource
 from loki_receiver import LokiReceiver
-from servers import InfluxV1
+from servers import InfluxV1, victoria_metrics
 from test_simulator_e2e import clean_env  # noqa: F401  (the developer's environment stays out)
 
 from grafana.alerting_src.rules import RULES
@@ -42,19 +45,38 @@ ALL_NODE_FAULTS = [
 ]
 
 
-@pytest.fixture
-def stack(influx_db: tuple[InfluxV1, str]) -> Iterator[list[str]]:
-    server, database = influx_db
+# The data source type of each store's metrics queries, for --datasource.
+METRICS_DATASOURCE = {"influxdb": "influxdb", "victoriametrics": "prometheus"}
+
+
+@pytest.fixture(params=["influxdb", "victoriametrics"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def _with_loki(metrics: list[str], sources: dict[str, Any]) -> Iterator[list[str]]:
     with LokiReceiver() as loki:
-        sources = {
-            "influxdb": InfluxSource(server.url, database, min_interval=timedelta(seconds=1)),
-            "loki": LokiSource(loki, min_interval=timedelta(seconds=1)),
-        }
+        sources = {**sources, "loki": LokiSource(loki, min_interval=timedelta(seconds=1))}
         with GrafanaReceiver(sources, token="glsa_test_token") as grafana:
-            yield [
-                *("--influxdb-url", server.url, "--influxdb-api-version", "1", "--influxdb-database", database),
-                *("--loki-url", loki.base_url, "--loki-query-url", grafana.url),
-            ]
+            yield [*metrics, "--loki-url", loki.base_url, "--loki-query-url", grafana.url]
+
+
+@pytest.fixture
+def influx_stack(influx_db: tuple[InfluxV1, str]) -> Iterator[list[str]]:
+    server, database = influx_db
+    metrics = ["--influxdb-url", server.url, "--influxdb-api-version", "1", "--influxdb-database", database]
+    yield from _with_loki(metrics, {"influxdb": InfluxSource(server.url, database, min_interval=timedelta(seconds=1))})
+
+
+@pytest.fixture
+def stack(backend: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The simulator's flags for a stack on `backend`."""
+    if backend == "influxdb":
+        yield request.getfixturevalue("influx_stack")
+        return
+    monkeypatch.setenv("INFLUXDB_TOKEN", "victoria-takes-any-token")  # no auth on this VictoriaMetrics
+    with victoria_metrics() as server:
+        yield from _with_loki(["--metrics-backend", "victoriametrics", "--victoriametrics-url", server.url], {})
 
 
 def simulate(stack: list[str], tmp_path: Path, *extra: str) -> tuple[int, dict[str, Any]]:
@@ -95,20 +117,24 @@ def test_every_node_fault_at_once_fires_exactly_its_rule_on_its_node(stack: list
     assert [f["kind"] for f in report["faults"]] == [f.split(":")[0] for f in ALL_NODE_FAULTS]
 
 
-def test_stores_that_refuse_connections_fire_the_store_rules_only(stack: list[str], tmp_path: Path) -> None:
-    code, report = simulate(stack, tmp_path, "--fault", "influxdb-down", "--fault", "loki-down@4")
+def test_stores_that_refuse_connections_fire_the_store_rules_only(
+    stack: list[str], backend: str, tmp_path: Path
+) -> None:
+    down = {"influxdb": "influxdb-down", "victoriametrics": "metrics-down"}[backend]  # the older name still works
+    code, report = simulate(stack, tmp_path, "--fault", down, "--fault", "loki-down@4")
     alerts = by_uid(report)
     assert code == 0, report["summary"]
     fires = {uid for uid, a in alerts.items() if a["fires"]}
     assert fires == {"telemetry-influxdb-unavailable", "telemetry-loki-unavailable"}
     assert {a["status"] for a in alerts.values()} == {al.ERROR}
     assert "Connection refused" in alerts["telemetry-node-silent"]["message"]
+    assert [f["kind"] for f in report["faults"]] == ["metrics-down", "loki-down"]
 
 
-def _broken_rules(tmp_path: Path, old: str, new: str) -> Path:
-    """A copy of the generated alerting files with one rule changed."""
+def _broken_rules(tmp_path: Path, backend: str, old: str, new: str) -> Path:
+    """A copy of the backend's generated alerting files with one rule changed."""
     copy = tmp_path / "alerting"
-    shutil.copytree(al.ALERTING_DIR, copy)
+    shutil.copytree(al.ALERTING_DIRS[backend], copy)
     rules = copy / "rules.yaml"
     text = rules.read_text()
     assert old in text
@@ -116,16 +142,17 @@ def _broken_rules(tmp_path: Path, old: str, new: str) -> Path:
     return copy
 
 
-def test_a_rule_that_stays_normal_under_its_fault_fails_the_run(stack: list[str], tmp_path: Path) -> None:
-    broken = _broken_rules(tmp_path, "- ${ALERT_GPU_MEMORY_PERCENT}", "- 1000")
+def test_a_rule_that_stays_normal_under_its_fault_fails_the_run(stack: list[str], backend: str, tmp_path: Path) -> None:
+    broken = _broken_rules(tmp_path, backend, "- ${ALERT_GPU_MEMORY_PERCENT}", "- 1000")
     code, report = simulate(stack, tmp_path, "--fault", "gpu-oom@3", "--alerting", str(broken))
     assert code & 16 and report["summary"]["alerts_wrong"] == ["telemetry-gpu-memory-high"]
     assert by_uid(report)["telemetry-gpu-memory-high"]["status"] == al.NORMAL
 
 
-def test_a_rule_that_fires_on_a_clean_run_fails_the_run(stack: list[str], tmp_path: Path) -> None:
-    broken = _broken_rules(tmp_path, "- ${ALERT_HOST_DISK_PERCENT}", "- 0")
-    code, report = simulate(stack, tmp_path, "--alerting", str(broken), "--datasource", "influxdb")
+def test_a_rule_that_fires_on_a_clean_run_fails_the_run(stack: list[str], backend: str, tmp_path: Path) -> None:
+    broken = _broken_rules(tmp_path, backend, "- ${ALERT_HOST_DISK_PERCENT}", "- 0")
+    only_metrics = ["--datasource", METRICS_DATASOURCE[backend]]
+    code, report = simulate(stack, tmp_path, "--alerting", str(broken), *only_metrics)
     assert code == 16, report["summary"]
     assert report["summary"]["alerts_wrong"] == ["telemetry-host-disk-high"]
     loki_rules = [a for a in report["alerts"] if a["uid"] in ("telemetry-log-errors", "telemetry-loki-unavailable")]
@@ -143,9 +170,9 @@ def test_a_rule_that_fires_on_a_clean_run_fails_the_run(stack: list[str], tmp_pa
     ],
 )
 def test_a_fault_that_cannot_apply_is_a_usage_error(
-    stack: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], fault: str, message: str
+    influx_stack: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], fault: str, message: str
 ) -> None:
-    assert main([*stack, *RUN, *FLEET, "--fault", fault]) == 2
+    assert main([*influx_stack, *RUN, *FLEET, "--fault", fault]) == 2
     assert message in capsys.readouterr().err
 
 
@@ -154,4 +181,5 @@ def test_short_runs_skip_the_rules_and_faults_need_a_long_enough_run() -> None:
     assert checks[0].status == al.SKIPPED and checks[0].ok
     assert ft.resolve([ft.Fault.parse("silent")], {"0": "validator", "1": "miner"}, 10.0)[0].uid == "1"
     assert ft.Fault.parse("loss-divergence:uid=5@15s") == ft.Fault("loss-divergence", "5", 15.0)
+    assert ft.Fault.parse("influxdb-down@2") == ft.Fault("metrics-down", None, 2.0)
     assert al.expected_rules(ft.resolve([ft.Fault("drops")], {"0": "miner"}, 10)) == {"telemetry-client-drops"}

@@ -1,9 +1,12 @@
 """The alert rules, one function each: what a rule watches, when it fires, and why.
 
-InfluxDB rules are InfluxQL (as the dashboards), naming only what
-telemetry_client/catalog.py defines; the log rule is LogQL over the stream labels
-the Loki handler sets. Every rule's labels come from the query's GROUP BY / `by`
-(network, role, uid...), so one alert instance is one node (or process, or device).
+The metrics rules are built for the metrics store of the build
+(grafana.builder.backend): their queries come from grafana/alerting_src/queries.py,
+which writes each in InfluxQL or MetricsQL, naming only what
+telemetry_client/catalog.py defines; the log rules are LogQL over the stream labels
+the Loki handler sets, the same for either store. Every rule's labels come from the
+query's GROUP BY / `by` (network, role, uid...), so one alert instance is one node
+(or process, or device).
 
 Annotations and labels use Go templates over `.Labels` and `.Values`, never `$`:
 Grafana expands `$NAME` in labels as an environment variable when it reads the file
@@ -12,14 +15,14 @@ Grafana expands `$NAME` in labels as an environment variable when it reads the f
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from grafana.builder.alerts import PanelLink, Rule, TimeRange, influx_query, loki_query, math, reduce, threshold
+from grafana.alerting_src import queries as q
+from grafana.alerting_src.queries import NODE
+from grafana.builder.alerts import PanelLink, Rule, TimeRange, loki_query, math, metrics_query, reduce, threshold
+from grafana.builder.backend import Backend, building_for
 from telemetry_client.catalog import DROP_REASONS
 
 # Measurements whose points prove a node is working, one per role.
 WORK_MEASUREMENTS: tuple[str, ...] = ("training_step", "validator_scores", "aggregator_step", "evaluator_benchmark")
-NODE = ("network", "role", "uid")
 # Drops that mean the data did not arrive. sampled_out is the caller's choice, and so is
 # disabled (a logger left off); non_finite drops one value of a point that is delivered
 # (mixed precision overflows now and then, and a non-finite loss is the loss rule's business).
@@ -30,26 +33,9 @@ PENDING = "${ALERT_PENDING_SECONDS}s"
 NODE_TEXT = "{{ .Labels.uid }} ({{ .Labels.role }}, network {{ .Labels.network }})"
 
 
-def select(fields: str, measurements: Sequence[str], by: Sequence[str] = NODE, extra: str = "") -> str:
-    """InfluxQL over the rule's own window ($timeFilter), one series per node."""
-    sources = ", ".join(f'"{m}"' for m in measurements)
-    group = ", ".join(f'"{tag}"' for tag in by)
-    query = f"SELECT {fields} FROM {sources} WHERE $timeFilter"
-    return query + (f" GROUP BY {group}" if group else "") + extra
-
-
 def node_silent() -> Rule:
-    step, steps = "${ALERT_NODE_SILENT_STEP_SECONDS}s", "${ALERT_NODE_SILENT_STEPS}"
-    # Points per step for every node seen in the lookback, fill(0) for the steps without
-    # any, then the moving average over the last `steps` steps: 0 exactly when the node
-    # sent nothing for that long. InfluxDB 1.x pushes an outer query's time range into
-    # its subquery, so "was reporting" (the lookback) and "went quiet" (the last steps)
-    # must come from one query's buckets, not from two time ranges.
-    query = (
-        f'SELECT moving_average(count("window"), {steps}) FROM '
-        + ", ".join(f'"{m}"' for m in WORK_MEASUREMENTS)
-        + f' WHERE $timeFilter GROUP BY time({step}), "network", "role", "uid" fill(0)'
-    )
+    # 0 exactly when a node seen in the lookback sent nothing for the last steps.
+    query = q.reporting("window", WORK_MEASUREMENTS, "${ALERT_NODE_SILENT_STEPS}", "${ALERT_NODE_SILENT_STEP_SECONDS}")
     return Rule(
         uid="telemetry-node-silent",
         title="Node stopped reporting",
@@ -58,11 +44,11 @@ def node_silent() -> Rule:
             "No training_step, validator_scores, aggregator_step or evaluator_benchmark point from node "
             + NODE_TEXT
             + " for the last ALERT_NODE_SILENT_STEPS x ALERT_NODE_SILENT_STEP_SECONDS seconds, although it "
-            "reported within the lookback. The process stopped, hung, or lost its connection to InfluxDB."
+            f"reported within the lookback. The process stopped, hung, or lost its connection to {q.store_name()}."
         ),
         severity="critical",
         data=[
-            influx_query("A", query, TimeRange("ALERT_NODE_SILENT_LOOKBACK_SECONDS")),
+            metrics_query("A", query, TimeRange("ALERT_NODE_SILENT_LOOKBACK_SECONDS")),
             reduce("B", "A", "last"),
             math("C", "$B == 0"),
         ],
@@ -95,9 +81,9 @@ def loss_diverging() -> Rule:
         ),
         severity="critical",
         data=[
-            influx_query("A", select('mean("loss")', ["training_step"]), recent),
-            influx_query("B", select('mean("loss")', ["training_step"]), baseline),
-            influx_query("C", select('count("window") - count("loss")', ["training_step"]), recent),
+            metrics_query("A", q.mean("loss", "training_step"), recent),
+            metrics_query("B", q.mean("loss", "training_step"), baseline),
+            metrics_query("C", q.missing("loss", "window", "training_step"), recent),
             reduce("D", "A", "last"),
             reduce("E", "B", "last"),
             # null when no step of the window had a loss at all: every loss was non-finite.
@@ -109,7 +95,7 @@ def loss_diverging() -> Rule:
         no_data_reason="no miner trained in the window or in the baseline (a new network, or miners that "
         "stopped, which the node-silent rule reports)",
         exec_err_state="KeepLast",
-        exec_err_reason="the store rules report a failing InfluxDB once; this rule keeps its last state",
+        exec_err_reason="the store rules report a failing metrics store once; this rule keeps its last state",
         panel=PanelLink("telemetry-training", "Training loss"),
         pending=PENDING,
         fired_by=("loss-divergence",),
@@ -127,9 +113,7 @@ def validator_window_stalled() -> Rule:
         ),
         severity="warning",
         data=[
-            influx_query(
-                "A", select('spread("window")', ["validator_scores"]), TimeRange("ALERT_WINDOW_STALL_SECONDS")
-            ),
+            metrics_query("A", q.spread("window", "validator_scores"), TimeRange("ALERT_WINDOW_STALL_SECONDS")),
             reduce("B", "A", "last"),
             threshold("C", "B", "lt", 1),
         ],
@@ -138,7 +122,7 @@ def validator_window_stalled() -> Rule:
         no_data_reason="no validator scored in the window: a network without validators, or validators "
         "that stopped, which the node-silent rule reports",
         exec_err_state="KeepLast",
-        exec_err_reason="the store rules report a failing InfluxDB once; this rule keeps its last state",
+        exec_err_reason="the store rules report a failing metrics store once; this rule keeps its last state",
         panel=PanelLink("telemetry-validators", "Validator window"),
         pending="0s",  # the window is the duration already
         fired_by=("window-stall",),
@@ -146,7 +130,7 @@ def validator_window_stalled() -> Rule:
 
 
 def gpu_memory_high() -> Rule:
-    query = select('last("memory_used_bytes") / last("memory_total_bytes") * 100', ["gpu"], (*NODE, "gpu_index"))
+    query = q.last_percent("memory_used_bytes", "memory_total_bytes", "gpu", (*NODE, "gpu_index"))
     return Rule(
         uid="telemetry-gpu-memory-high",
         title="GPU memory nearly full",
@@ -158,7 +142,7 @@ def gpu_memory_high() -> Rule:
         ),
         severity="warning",
         data=[
-            influx_query("A", query, TimeRange("ALERT_RESOURCE_WINDOW_SECONDS")),
+            metrics_query("A", query, TimeRange("ALERT_RESOURCE_WINDOW_SECONDS")),
             reduce("B", "A", "last"),
             threshold("C", "B", "gt", "ALERT_GPU_MEMORY_PERCENT"),
         ],
@@ -166,7 +150,7 @@ def gpu_memory_high() -> Rule:
         no_data_state="OK",
         no_data_reason="nodes without a GPU (or with GPU metrics off) report no gpu points: nothing to watch",
         exec_err_state="KeepLast",
-        exec_err_reason="the store rules report a failing InfluxDB once; this rule keeps its last state",
+        exec_err_reason="the store rules report a failing metrics store once; this rule keeps its last state",
         panel=PanelLink("telemetry-system", "GPU memory used (all processes)"),
         pending=PENDING,
         fired_by=("gpu-oom",),
@@ -185,7 +169,7 @@ def _host_rule(uid: str, field: str, what: str, setting: str, panel: str, fault:
         ),
         severity="warning",
         data=[
-            influx_query("A", select(f'max("{field}")', ["system"]), TimeRange("ALERT_RESOURCE_WINDOW_SECONDS")),
+            metrics_query("A", q.maximum(field, "system"), TimeRange("ALERT_RESOURCE_WINDOW_SECONDS")),
             reduce("B", "A", "last"),
             threshold("C", "B", "gt", setting),
         ],
@@ -193,7 +177,7 @@ def _host_rule(uid: str, field: str, what: str, setting: str, panel: str, fault:
         no_data_state="OK",
         no_data_reason="nodes that log without system metrics send no system points: nothing to watch",
         exec_err_state="KeepLast",
-        exec_err_reason="the store rules report a failing InfluxDB once; this rule keeps its last state",
+        exec_err_reason="the store rules report a failing metrics store once; this rule keeps its last state",
         panel=PanelLink("telemetry-system", panel),
         pending=PENDING,
         fired_by=(fault,),
@@ -213,11 +197,11 @@ def host_disk_high() -> Rule:
 
 
 def client_drops() -> Rule:
-    # The counters are cumulative per process (runtime_id): spread is their increase in the
-    # window. The client's `dropped_<reason>_delta` fields would be simpler, but they are
+    # The counters are cumulative per process (runtime_id): their spread is their increase in
+    # the window. The client's `dropped_<reason>_delta` fields would be simpler, but they are
     # written only when they grew, and InfluxQL's sum(a) + sum(b) is null when either is.
-    dropped = " + ".join(f'spread("dropped_{reason}")' for reason in LOST_DROP_REASONS)
-    query = select(dropped, ["telemetry_client"], (*NODE, "runtime_id", "sink"))
+    dropped = [f"dropped_{reason}" for reason in LOST_DROP_REASONS]
+    query = q.increase(dropped, "telemetry_client", (*NODE, "runtime_id", "sink"))
     return Rule(
         uid="telemetry-client-drops",
         title="Telemetry client dropping data",
@@ -230,7 +214,7 @@ def client_drops() -> Rule:
         ),
         severity="warning",
         data=[
-            influx_query("A", query, TimeRange("ALERT_DROPS_WINDOW_SECONDS")),
+            metrics_query("A", query, TimeRange("ALERT_DROPS_WINDOW_SECONDS")),
             reduce("B", "A", "last"),
             math("C", "$B >= ${ALERT_DROPS_MIN}"),
         ],
@@ -238,7 +222,7 @@ def client_drops() -> Rule:
         no_data_state="OK",
         no_data_reason="clients with self-metrics turned off send no counters: nothing to watch",
         exec_err_state="KeepLast",
-        exec_err_reason="the store rules report a failing InfluxDB once; this rule keeps its last state",
+        exec_err_reason="the store rules report a failing metrics store once; this rule keeps its last state",
         panel=PanelLink("telemetry-health", "Dropped per second, by reason"),
         pending="0s",  # a drop is lost data: report it at once
         fired_by=("drops",),
@@ -288,29 +272,29 @@ def log_errors_above_baseline() -> Rule:
     )
 
 
-def influxdb_unavailable() -> Rule:
-    query = select('count("window")', WORK_MEASUREMENTS, by=())
+def metrics_store_unavailable() -> Rule:
+    store = q.store_name()
     return Rule(
-        uid="telemetry-influxdb-unavailable",
-        title="InfluxDB down or empty",
-        summary="InfluxDB does not answer, or holds no point from any node",
+        uid="telemetry-influxdb-unavailable",  # kept for either store: silences and links name it
+        title=f"{store} down or empty",
+        summary=f"{store} does not answer, or holds no point from any node",
         description=(
-            "Grafana's query to InfluxDB failed, or InfluxDB holds no training_step, validator_scores, "
+            f"Grafana's query to {store} failed, or {store} holds no training_step, validator_scores, "
             "aggregator_step or evaluator_benchmark point from the last ALERT_STORE_WINDOW_SECONDS seconds. "
-            "Every InfluxDB rule is blind meanwhile."
+            f"Every {store} rule is blind meanwhile."
         ),
         severity="critical",
         data=[
-            influx_query("A", query, TimeRange("ALERT_STORE_WINDOW_SECONDS")),
+            metrics_query("A", q.points("window", WORK_MEASUREMENTS), TimeRange("ALERT_STORE_WINDOW_SECONDS")),
             reduce("B", "A", "sum"),
             # Never true on data: this rule fires through its no-data and error states only.
             math("C", "$B < 0"),
         ],
         condition="C",
         no_data_state="Alerting",
-        no_data_reason="nothing stored from any node: ingestion is broken even if InfluxDB answers",
+        no_data_reason=f"nothing stored from any node: ingestion is broken even if {store} answers",
         exec_err_state="Alerting",
-        exec_err_reason="this is the rule that reports a failing InfluxDB; the others keep their last state",
+        exec_err_reason=f"this is the rule that reports a failing {store}; the others keep their last state",
         panel=PanelLink("telemetry-health", "Records sent per second"),
         pending=PENDING,
         fired_by=("metrics-down",),
@@ -345,10 +329,16 @@ def loki_unavailable() -> Rule:
     )
 
 
-# Group name to its rules; a group is evaluated as one at ALERT_EVALUATION_SECONDS.
-GROUPS: dict[str, tuple[Rule, ...]] = {
-    "nodes": (node_silent(), loss_diverging(), validator_window_stalled()),
-    "resources": (gpu_memory_high(), host_memory_high(), host_disk_high()),
-    "telemetry": (client_drops(), log_errors_above_baseline(), influxdb_unavailable(), loki_unavailable()),
-}
+def groups(backend: Backend = "influxdb") -> dict[str, tuple[Rule, ...]]:
+    """Group name to its rules, built for `backend`; a group is evaluated as one at ALERT_EVALUATION_SECONDS."""
+    with building_for(backend):
+        return {
+            "nodes": (node_silent(), loss_diverging(), validator_window_stalled()),
+            "resources": (gpu_memory_high(), host_memory_high(), host_disk_high()),
+            "telemetry": (client_drops(), log_errors_above_baseline(), metrics_store_unavailable(), loki_unavailable()),
+        }
+
+
+# The rules as built for InfluxDB: their uids and faults are the same for either store.
+GROUPS: dict[str, tuple[Rule, ...]] = groups()
 RULES: tuple[Rule, ...] = tuple(rule for rules in GROUPS.values() for rule in rules)
