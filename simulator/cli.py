@@ -601,6 +601,10 @@ def execute(args: argparse.Namespace, line_counter: LineCounter | None = None) -
         )
         selected = selected_datasources(args, stack)
         dashboards = dash.load_dashboards(args.dashboards)
+        uids = vd.datasource_uids(dashboards)
+        # Counting first: it waits (up to --settle) until the stores show every record,
+        # so the dashboards then query everything the fleet sent.
+        delivery = account_delivery(stack, fleet, window, args.settle, line_counter, uids)
         checks = vd.check_dashboards(
             dashboards,
             runners_for(stack, selected),
@@ -609,8 +613,6 @@ def execute(args: argparse.Namespace, line_counter: LineCounter | None = None) -
             min_interval=timedelta(seconds=args.min_interval),
             through_grafana=stack.grafana is not None,
         )
-        uids = vd.datasource_uids(dashboards)
-        delivery = account_delivery(stack, fleet, window, args.settle, line_counter, uids)
         alerts = evaluate_alerts(args, stack, fleet, faults, selected, uids)
 
     report = rp.build_report(public_settings(args, stack, run), fleet, checks, delivery, alerts, faults)
