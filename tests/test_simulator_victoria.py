@@ -66,6 +66,14 @@ def samples(server: VictoriaMetrics, metric: str, run_id: str) -> int:
     return sum(len(s["values"]) for s in series)
 
 
+def assert_holds(exported: int, sent: int, report: dict[str, Any]) -> None:
+    """The store holds what was sent; a batch the client sent again (after a timeout the server outlived) twice."""
+    if report["fleet"]["metrics"].get("retries"):
+        assert exported >= sent
+    else:
+        assert exported == sent
+
+
 # ---------------------------------------------------------------- the query runner
 
 
@@ -173,8 +181,8 @@ def test_a_run_on_victoriametrics_runs_every_metricsql_query_and_accounts_for_ev
     assert all(row["ok"] and row["stored"] == sent[key] for key, row in rows.items())
     assert [row for row in report["delivery"] if row["store"] == "loki"] and all(r["ok"] for r in report["delivery"])
     # Read back independently of the simulator's counting: the store holds what the clients sent.
-    assert samples(victoria_server, "training_step_loss", "sim-vm1") == sent["training_step"]
-    assert samples(victoria_server, "system_cpu_percent", "sim-vm1") == sent["system"]
+    assert_holds(samples(victoria_server, "training_step_loss", "sim-vm1"), sent["training_step"], report)
+    assert_holds(samples(victoria_server, "system_cpu_percent", "sim-vm1"), sent["system"], report)
 
 
 def test_points_the_store_does_not_hold_are_reported_lost(
