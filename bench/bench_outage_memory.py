@@ -1,7 +1,9 @@
 """Memory and caller latency through an outage, at the highest rate one process reaches.
 
 The server is down (nothing listens on the port) for the whole run. One process
-calls log() with 10 fields as fast as it can for `--seconds`, with the default
+calls log() with 10 fields as fast as it can for `--seconds` (or at `--rate`
+points/s, a pace the sender keeps up with, so that what the buffer holds is
+encoded batches rather than records waiting to be encoded), with the default
 buffer settings (max_bytes 64 MiB), and prints the peak RSS growth against that
 bound, the rate reached, and log()'s p99.9 and maximum. influxdb_client's batching
 WriteApi.write(Point) runs the same loop in its own process. Each runs in a fresh
@@ -49,7 +51,7 @@ def make_influxdb_client(url: str):
     return log, None, None, None
 
 
-def run_one(which: str, seconds: float, url: str) -> dict:
+def run_one(which: str, seconds: float, url: str, rate: float = 0.0) -> dict:
     import psutil
 
     log, close, bound, stats = (make_metrics_logger if which == "MetricsLogger" else make_influxdb_client)(url)
@@ -68,6 +70,8 @@ def run_one(which: str, seconds: float, url: str) -> dict:
             log("outage", fields=FIELDS)
             timings[calls] = min(0xFFFFFFFF, (clock() - t0) // 100)
             calls += 1
+        if rate:  # wait until this chunk's share of the run is due
+            time.sleep(max(0.0, start + calls / rate - time.monotonic()))
         if calls % 20_000 == 0:
             peak = max(peak, process.memory_info().rss)
             if peak - baseline > RSS_CEILING:
@@ -102,21 +106,34 @@ def run_one(which: str, seconds: float, url: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--rate", type=float, default=0.0, help="points/s to log (default: as fast as possible)")
     parser.add_argument("--only", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.only:
-        print(json.dumps(run_one(args.only, args.seconds, args.url)), flush=True)
+        print(json.dumps(run_one(args.only, args.seconds, args.url, args.rate)), flush=True)
         os._exit(0)  # influxdb_client's writer would retry into the dead server before letting the process end
 
     from servers import free_port
 
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens: the server is down
-    print(f"server down; each client logs 10-field points as fast as one process can for {args.seconds:.0f} s")
+    pace = f"at {args.rate:,.0f} points/s" if args.rate else "as fast as one process can"
+    print(f"server down; each client logs 10-field points {pace} for {args.seconds:.0f} s")
     results = []
     for which in ("MetricsLogger", "influxdb_client"):
         out = subprocess.run(
-            [sys.executable, __file__, "--only", which, "--seconds", str(args.seconds), "--url", url],
+            [
+                sys.executable,
+                __file__,
+                "--only",
+                which,
+                "--seconds",
+                str(args.seconds),
+                "--rate",
+                str(args.rate),
+                "--url",
+                url,
+            ],
             capture_output=True,
             text=True,
             cwd=ROOT,
