@@ -426,11 +426,28 @@ cmd_clean() {
   fi
 }
 
-# make backup and make restore cover the InfluxDB backend (its backup API);
-# VictoriaMetrics has its own tools (docs/local-stack.md, "Metrics backend").
-require_influxdb_backend() {
-  [ "${backend}" = influxdb ] \
-    || die "make backup and make restore cover METRICS_BACKEND=influxdb only: back VictoriaMetrics up with its snapshots and vmbackup (docs/local-stack.md, \"Metrics backend\")."
+# The image key of the metrics store, and what a backup set holds of it.
+store_image_key() {
+  if [ "${backend}" = victoriametrics ]; then echo VICTORIAMETRICS_IMAGE; else echo INFLUXDB_IMAGE; fi
+}
+store_backup_name() {
+  if [ "${backend}" = victoriametrics ]; then echo victoriametrics.tar.gz; else echo influxdb; fi
+}
+
+# VictoriaMetrics' own consistent copy: an instant snapshot (/snapshot/create
+# answers {"status":"ok","snapshot":"<name>"}: VictoriaMetrics app/vmstorage/main.go),
+# which is hard links to its parts under <data>/snapshots/<name>, joined by
+# symbolic links; archived with the links followed, then deleted.
+backup_victoriametrics() {
+  local set_dir="$1" owner="$2" vm answer name
+  vm="$(container_of victoriametrics)"
+  echo "VictoriaMetrics: a snapshot (/snapshot/create), archived..."
+  answer="$(docker exec "${vm}" wget -qO- http://127.0.0.1:8428/snapshot/create)"
+  name="$(printf '%s' "${answer}" | sed -n 's/.*"snapshot":"\([0-9A-Za-z-]*\)".*/\1/p')"
+  [ -n "${name}" ] || die "VictoriaMetrics did not create a snapshot: ${answer}"
+  backup_helper victoriametrics "${set_dir}" snapshot "/victoria-metrics-data/snapshots/${name}" \
+    /backup/victoriametrics.tar.gz --follow-links --owner "${owner}"
+  docker exec "${vm}" wget -qO- "http://127.0.0.1:8428/snapshot/delete?snapshot=${name}" >/dev/null
 }
 
 container_of() {
@@ -455,30 +472,35 @@ backup_helper() {
 }
 
 # A consistent copy of each service, each with its own online backup:
-#   InfluxDB  its backup API (`influx backup`, run in its container)
-#   Grafana   SQLite's online backup API on grafana.db
-#   Loki      POST /flush, then a snapshot of its store (chunks, index and WAL)
-# into compose/backups/<UTC stamp>/, keeping the newest BACKUP_KEEP sets.
+#   InfluxDB         its backup API (`influx backup`, run in its container)
+#   VictoriaMetrics  an instant snapshot, archived (METRICS_BACKEND=victoriametrics)
+#   Grafana          SQLite's online backup API on grafana.db
+#   Loki             POST /flush, then a snapshot of its store (chunks, index and WAL)
+# into compose/backups/<UTC stamp>/, keeping the newest BACKUP_KEEP sets. MANIFEST
+# names the backend and the images; a set restores only onto the same backend.
 cmd_backup() {
   require_engine
   load_versions
   [ -f "${env_file}" ] || die "${env_file} does not exist: the stack was never started here."
   resolve_backend
-  require_influxdb_backend
-  local stamp set_dir influxdb loki owner
+  local stamp set_dir influxdb loki owner key
   stamp="$(date -u +%Y%m%dT%H%M%SZ)"
   set_dir="${backups_dir}/${stamp}"
   owner="$(id -u):$(id -g)"
   (umask 077 && mkdir -p "${set_dir}.partial")
   chmod 0700 "${backups_dir}"
-  influxdb="$(container_of influxdb)"
   loki="$(container_of loki)"
 
-  echo "InfluxDB: influx backup (its backup API)..."
-  docker exec "${influxdb}" rm -rf /tmp/telemetry-backup
-  docker exec "${influxdb}" influx backup /tmp/telemetry-backup >/dev/null
-  docker cp "${influxdb}:/tmp/telemetry-backup" "${set_dir}.partial/influxdb" >/dev/null
-  docker exec "${influxdb}" rm -rf /tmp/telemetry-backup
+  if [ "${backend}" = victoriametrics ]; then
+    backup_victoriametrics "${set_dir}.partial" "${owner}"
+  else
+    influxdb="$(container_of influxdb)"
+    echo "InfluxDB: influx backup (its backup API)..."
+    docker exec "${influxdb}" rm -rf /tmp/telemetry-backup
+    docker exec "${influxdb}" influx backup /tmp/telemetry-backup >/dev/null
+    docker cp "${influxdb}:/tmp/telemetry-backup" "${set_dir}.partial/influxdb" >/dev/null
+    docker exec "${influxdb}" rm -rf /tmp/telemetry-backup
+  fi
 
   echo "Grafana: SQLite online backup of grafana.db..."
   backup_helper grafana "${set_dir}.partial" sqlite-backup /var/lib/grafana/grafana.db /backup/grafana.db --owner "${owner}"
@@ -490,9 +512,11 @@ cmd_backup() {
     "${PYTHON_IMAGE}" python /usr/local/bin/telemetry_backup.py flush http://127.0.0.1:3100
   backup_helper loki "${set_dir}.partial" snapshot /loki /backup/loki.tar.gz --owner "${owner}"
 
+  key="$(store_image_key)"
   cat >"${set_dir}.partial/MANIFEST" <<TXT
 stamp=${stamp}
-INFLUXDB_IMAGE=${INFLUXDB_IMAGE}
+METRICS_BACKEND=${backend}
+${key}=${!key}
 LOKI_IMAGE=${LOKI_IMAGE}
 GRAFANA_IMAGE=${GRAFANA_IMAGE}
 TXT
@@ -510,15 +534,14 @@ prune_backups() {
 }
 
 # Puts a backup set back (BACKUP=<stamp or directory>, the newest by default).
-# InfluxDB restores online (`influx restore --full`); Grafana and Loki are
-# stopped while their files are replaced, then started and waited for.
+# InfluxDB restores online (`influx restore --full`); VictoriaMetrics, Grafana and
+# Loki are stopped while their files are replaced, then started and waited for.
 cmd_restore() {
   require_engine
   load_versions
   [ -f "${env_file}" ] || die "${env_file} does not exist: the stack was never started here."
   resolve_backend
-  require_influxdb_backend
-  local set_dir="${BACKUP:-}" influxdb image name
+  local set_dir="${BACKUP:-}" influxdb image name taken_on
   if [ -z "${set_dir}" ]; then
     set_dir="$(find "${backups_dir}" -mindepth 1 -maxdepth 1 -type d -regextype posix-extended \
       -regex '.*/[0-9]{8}T[0-9]{6}Z' 2>/dev/null | sort | tail -n 1 || true)"
@@ -526,26 +549,41 @@ cmd_restore() {
   elif [ ! -d "${set_dir}" ]; then
     set_dir="${backups_dir}/${set_dir}"
   fi
-  for name in influxdb grafana.db loki.tar.gz MANIFEST; do
+  [ -e "${set_dir}/MANIFEST" ] || die "${set_dir} is not a complete backup: MANIFEST is missing."
+  # A set holds one backend's metrics (sets written before the switch existed: InfluxDB's).
+  taken_on="$(grep -E '^METRICS_BACKEND=' "${set_dir}/MANIFEST" | cut -d= -f2- || true)"
+  taken_on="${taken_on:-influxdb}"
+  [ "${taken_on}" = "${backend}" ] \
+    || die "${set_dir} was taken on METRICS_BACKEND=${taken_on}, but the stack runs ${backend}: switch with 'make up METRICS_BACKEND=${taken_on}' first."
+  for name in "$(store_backup_name)" grafana.db loki.tar.gz; do
     [ -e "${set_dir}/${name}" ] || die "${set_dir} is not a complete backup: ${name} is missing."
   done
   # Grafana migrates its database forward only: restore with the images it was taken with.
-  for name in INFLUXDB_IMAGE LOKI_IMAGE GRAFANA_IMAGE; do
-    image="$(grep -E "^${name}=" "${set_dir}/MANIFEST" | cut -d= -f2-)"
+  for name in "$(store_image_key)" LOKI_IMAGE GRAFANA_IMAGE; do
+    image="$(grep -E "^${name}=" "${set_dir}/MANIFEST" | cut -d= -f2- || true)"
     [ "${image}" = "${!name}" ] || die "${set_dir} was taken with ${name}=${image}, but versions.env pins ${!name}: pin the backup's versions first (see docs/deployment.md, Backups and upgrades)."
   done
   echo "Restoring ${set_dir}."
-  influxdb="$(container_of influxdb)"
-  docker exec "${influxdb}" rm -rf /tmp/telemetry-restore
-  docker cp "${set_dir}/influxdb" "${influxdb}:/tmp/telemetry-restore" >/dev/null
-  docker exec "${influxdb}" influx restore --full /tmp/telemetry-restore >/dev/null
-  docker exec "${influxdb}" rm -rf /tmp/telemetry-restore
-  echo "InfluxDB restored."
+  if [ "${backend}" = influxdb ]; then
+    influxdb="$(container_of influxdb)"
+    docker exec "${influxdb}" rm -rf /tmp/telemetry-restore
+    docker cp "${set_dir}/influxdb" "${influxdb}:/tmp/telemetry-restore" >/dev/null
+    docker exec "${influxdb}" influx restore --full /tmp/telemetry-restore >/dev/null
+    docker exec "${influxdb}" rm -rf /tmp/telemetry-restore
+    echo "InfluxDB restored."
+  fi
 
   compose stop grafana >/dev/null
   backup_helper grafana "${set_dir}" sqlite-restore /backup/grafana.db /var/lib/grafana/grafana.db --owner 472:0
   compose stop loki >/dev/null
   backup_helper loki "${set_dir}" restore-snapshot /backup/loki.tar.gz /loki --owner 10001:10001
+  if [ "${backend}" = victoriametrics ]; then
+    # Stopped while its data directory is replaced (as vmrestore requires), then started.
+    compose stop victoriametrics >/dev/null
+    backup_helper victoriametrics "${set_dir}" restore-snapshot /backup/victoriametrics.tar.gz \
+      /victoria-metrics-data --owner 65534:65534
+    compose start victoriametrics >/dev/null
+  fi
   compose start loki grafana >/dev/null
   wait_healthy
   echo "Restored ${set_dir}."

@@ -42,6 +42,7 @@ from test_compose import (
     mounts,
     seconds,
     stack,
+    versions,
 )
 
 from telemetry_client.metrics import MetricsLogger
@@ -340,14 +341,91 @@ def test_make_up_refuses_to_start_without_the_generated_grafana_files(tmp_path: 
     assert "vmauth=missing" in started.stderr and "victoriametrics=missing" in started.stderr
 
 
-@pytest.mark.parametrize("command", ["backup", "restore"])
-def test_backup_and_restore_say_they_cover_influxdb_only(tmp_path: Path, command: str) -> None:
-    env = fake_engine(tmp_path)
-    (tmp_path / "stack.env").write_text("METRICS_BACKEND=victoriametrics\n")
-    result = stack(command, tmp_path=tmp_path, STACK_BACKUP_DIR=str(tmp_path / "backups"), **env)
+# An engine whose answers are enough for make backup and make restore to run through:
+# a container id for `compose ps -q <service>`, "healthy" for `docker inspect`, and
+# VictoriaMetrics' answer to /snapshot/create (app/vmstorage/main.go); every call is recorded.
+RECORDING_DOCKER = """#!/bin/sh
+echo "$*" >>"$CALLS"
+case "$*" in
+  *"ps -q "*) for last; do :; done; echo "cid-$last" ;;
+  inspect*) echo healthy ;;
+  *snapshot/create*) printf '{"status":"ok","snapshot":"20261201015627-18ECFE821D04ABCB"}' ;;
+  *snapshot/delete*) printf '{"status":"ok"}' ;;
+esac
+exit 0
+"""
+
+
+def recording_engine(tmp_path: Path, backend: str) -> dict[str, str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(RECORDING_DOCKER)
+    (bin_dir / "docker").chmod(0o755)
+    (tmp_path / "stack.env").write_text(f"METRICS_BACKEND={backend}\n")
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(tmp_path / "calls"), "STACK_TIMEOUT": "0"}
+
+
+def test_make_backup_on_victoriametrics_archives_a_snapshot(tmp_path: Path) -> None:
+    env = recording_engine(tmp_path, "victoriametrics")
+    result = stack("backup", tmp_path=tmp_path, STACK_BACKUP_DIR=str(tmp_path / "backups"), **env)
+    assert result.returncode == 0, result.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    snapshot = "20261201015627-18ECFE821D04ABCB"
+    [create] = [i for i, c in enumerate(calls) if c.endswith("wget -qO- http://127.0.0.1:8428/snapshot/create")]
+    [archive] = [i for i, c in enumerate(calls) if "telemetry_backup.py snapshot /victoria-metrics-data/" in c]
+    [delete] = [i for i, c in enumerate(calls) if c.endswith(f"snapshot/delete?snapshot={snapshot}")]
+    assert create < archive < delete
+    assert calls[archive].startswith("run --rm --network none --volumes-from cid-victoriametrics ")
+    archived = f"/victoria-metrics-data/snapshots/{snapshot} /backup/victoriametrics.tar.gz --follow-links"
+    assert archived in calls[archive]
+    assert not any("influx backup" in c for c in calls)
+    [backup] = list((tmp_path / "backups").iterdir())
+    manifest = (backup / "MANIFEST").read_text().splitlines()
+    assert "METRICS_BACKEND=victoriametrics" in manifest
+    assert f"VICTORIAMETRICS_IMAGE={versions()['VICTORIAMETRICS_IMAGE']}" in manifest
+    assert not any(line.startswith("INFLUXDB_IMAGE=") for line in manifest)
+
+
+def victoriametrics_set(tmp_path: Path, backend: str = "victoriametrics") -> Path:
+    pinned = versions()
+    directory = tmp_path / "backups" / "20261201T020000Z"
+    directory.mkdir(parents=True)
+    for name in ("victoriametrics.tar.gz", "grafana.db", "loki.tar.gz"):
+        (directory / name).write_bytes(b"")
+    key = "VICTORIAMETRICS_IMAGE" if backend == "victoriametrics" else "INFLUXDB_IMAGE"
+    (directory / "MANIFEST").write_text(
+        f"stamp=20261201T020000Z\nMETRICS_BACKEND={backend}\n{key}={pinned[key]}\n"
+        f"LOKI_IMAGE={pinned['LOKI_IMAGE']}\nGRAFANA_IMAGE={pinned['GRAFANA_IMAGE']}\n"
+    )
+    return directory
+
+
+def test_make_restore_on_victoriametrics_replaces_its_data_while_it_is_stopped(tmp_path: Path) -> None:
+    env = recording_engine(tmp_path, "victoriametrics")
+    victoriametrics_set(tmp_path)
+    result = stack("restore", tmp_path=tmp_path, STACK_BACKUP_DIR=str(tmp_path / "backups"), **env)
+    assert result.returncode == 0, result.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    [stop] = [i for i, c in enumerate(calls) if c.endswith("stop victoriametrics")]
+    [restore] = [i for i, c in enumerate(calls) if "restore-snapshot /backup/victoriametrics.tar.gz" in c]
+    [start] = [i for i, c in enumerate(calls) if c.endswith("start victoriametrics")]
+    assert stop < restore < start
+    assert "--volumes-from cid-victoriametrics " in calls[restore]
+    assert calls[restore].endswith("/victoria-metrics-data --owner 65534:65534")
+    assert not any("influx restore" in c for c in calls)
+
+
+@pytest.mark.parametrize(
+    ("stack_backend", "set_backend"), [("victoriametrics", "influxdb"), ("influxdb", "victoriametrics")]
+)
+def test_make_restore_refuses_a_set_of_the_other_backend(tmp_path: Path, stack_backend: str, set_backend: str) -> None:
+    env = recording_engine(tmp_path, stack_backend)
+    victoriametrics_set(tmp_path, set_backend)
+    result = stack("restore", tmp_path=tmp_path, STACK_BACKUP_DIR=str(tmp_path / "backups"), **env)
     assert result.returncode != 0
     [line] = result.stderr.strip().splitlines()
-    assert line.startswith("make backup and make restore cover METRICS_BACKEND=influxdb only")
+    assert f"was taken on METRICS_BACKEND={set_backend}, but the stack runs {stack_backend}" in line
+    assert f"make up METRICS_BACKEND={set_backend}" in line
     calls = (tmp_path / "calls").read_text().splitlines() if (tmp_path / "calls").exists() else []
     assert [c for c in calls if not c.startswith(("info", "compose version"))] == []
 

@@ -9,7 +9,9 @@ container next to the local stack's volumes (compose/stack.sh). Subcommands:
                              grafana.db) with SQLite's backup API, then checked
   sqlite-restore BACKUP DEST put a checked copy in place (the server is stopped)
   snapshot DIR ARCHIVE       tar.gz of a directory that may change meanwhile
-                             (Loki's store, after POST /flush)
+                             (Loki's store, after POST /flush); --follow-links
+                             archives what symbolic links point to (a
+                             VictoriaMetrics snapshot is links to its parts)
   restore-snapshot ARCHIVE DIR   replace the contents of DIR with an archive
   flush URL                  ask Loki to write its in-memory chunks (POST /flush)
   prune DIR --keep N         keep the N newest backup sets (named by stamp)
@@ -103,13 +105,19 @@ def sqlite_restore(backup: Path, destination: Path) -> None:
     staged.replace(destination)
 
 
-def snapshot(directory: Path, archive: Path) -> tuple[int, int]:
+def snapshot(directory: Path, archive: Path, follow_links: bool = False) -> tuple[int, int]:
     """Archive a directory that its server may still be writing to.
 
     Each file is read completely first and then added with the size that was
     read, so a file that grows or shrinks meanwhile cannot corrupt the archive.
     A file removed meanwhile (compaction, retention) is left out. Returns
     (files archived, files that vanished).
+
+    With `follow_links`, a symbolic link is archived as what it points to: a
+    VictoriaMetrics snapshot (`/snapshot/create`) is a directory whose `data/small`,
+    `data/big` and `indexdb` are relative links to hard-linked parts elsewhere in
+    its data directory (VictoriaMetrics docs, "How to work with snapshots"), and
+    restoring one means copying it with the links dereferenced.
     """
     if not directory.is_dir():
         raise BackupError(f"{directory} is not a directory")
@@ -118,13 +126,13 @@ def snapshot(directory: Path, archive: Path) -> tuple[int, int]:
     archived = vanished = 0
     with tarfile.open(partial, "w:gz") as tar:
         _private(partial)
-        for root, dirs, files in os.walk(directory):
+        for root, dirs, files in os.walk(directory, followlinks=follow_links):
             dirs.sort()
             for name in sorted(dirs) + sorted(files):
                 path = Path(root) / name
                 arcname = str(path.relative_to(directory))
                 try:
-                    info = tar.gettarinfo(str(path), arcname)
+                    info = tar.gettarinfo(str(path.resolve() if follow_links else path), arcname)
                     if info.isfile():
                         with open(path, "rb") as source, tempfile.SpooledTemporaryFile(SPOOL_BYTES) as staged:
                             shutil.copyfileobj(source, staged)
@@ -233,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     command.add_argument("directory", type=Path)
     command.add_argument("archive", type=Path)
     command.add_argument("--owner", type=_owner, help=owner_help)
+    command.add_argument("--follow-links", action="store_true", help="archive what symbolic links point to")
     command = commands.add_parser("restore-snapshot")
     command.add_argument("archive", type=Path)
     command.add_argument("directory", type=Path)
@@ -255,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             _give(args.destination, args.owner)
             print(f"restored {args.destination} from {args.source}")
         elif args.command == "snapshot":
-            archived, vanished = snapshot(args.directory, args.archive)
+            archived, vanished = snapshot(args.directory, args.archive, args.follow_links)
             _give(args.archive, args.owner)
             print(f"archived {archived} files of {args.directory} to {args.archive} ({vanished} vanished meanwhile)")
         elif args.command == "restore-snapshot":
