@@ -417,6 +417,7 @@ cmd_clean() {
   [ -f "${env_file}" ] || die "${env_file} does not exist: nothing to clean."
   resolve_backend
   if [ "${VOLUMES:-0}" = 1 ]; then
+    ensure_secrets # both backends' files are named by the compose files read together
     compose_every_backend down --remove-orphans --volumes
     rm -f "${node_env_file}"
     echo "Removed the containers and all volumes of both metrics backends (stored metrics, logs and dashboards state)."

@@ -386,6 +386,18 @@ def test_make_backup_on_victoriametrics_archives_a_snapshot(tmp_path: Path) -> N
     assert not any(line.startswith("INFLUXDB_IMAGE=") for line in manifest)
 
 
+def test_make_clean_volumes_removes_the_volumes_of_both_backends(tmp_path: Path) -> None:
+    env = recording_engine(tmp_path, "victoriametrics")
+    result = stack("clean", tmp_path=tmp_path, VOLUMES="1", **env)
+    assert result.returncode == 0, result.stderr
+    [down] = [c for c in (tmp_path / "calls").read_text().splitlines() if " down " in f"{c} "]
+    files = [f"-f {COMPOSE}/docker-compose{suffix}.yml" for suffix in ("", ".influxdb", ".victoriametrics")]
+    assert " ".join(files) in down and down.endswith("down --remove-orphans --volumes")
+    # The compose files read together name every secret file: they exist.
+    assert (tmp_path / "secrets" / "vmauth_config").is_file()
+    assert (tmp_path / "secrets" / "influxdb_admin_token").is_file()
+
+
 def victoriametrics_set(tmp_path: Path, backend: str = "victoriametrics") -> Path:
     pinned = versions()
     directory = tmp_path / "backups" / "20261201T020000Z"
