@@ -252,6 +252,17 @@ compose_every_backend() {
   "${compose_cmd[@]}" -p "${project}" "${files[@]}" --env-file "${env_file}" "$@"
 }
 
+# VictoriaMetrics refuses a malformed -retentionPeriod only in its log, after the
+# start: say it here instead. It takes a number with an h, d, w or y suffix (months
+# without one), at least a day (lib/flagutil, retentionPeriod).
+require_valid_retention() {
+  local retention
+  [ "${backend}" = victoriametrics ] || return 0
+  retention="$(env_value VICTORIAMETRICS_RETENTION 30d)"
+  [[ "${retention}" =~ ^[0-9]+[hdwy]?$ ]] \
+    || die "VICTORIAMETRICS_RETENTION=${retention} in ${env_file} is not a retention period: write a number with h, d, w or y (for example 30d)."
+}
+
 # Grafana is provisioned from generated files (python -m grafana.build_dashboards
 # and build_alerting write both backends' sets): refuse to start without them,
 # rather than start a Grafana with no dashboards or no alert rules.
@@ -379,6 +390,7 @@ cmd_up() {
   resolve_backend
   require_engine
   load_versions
+  require_valid_retention
   require_grafana_files
   ensure_env_file
   compose up -d --remove-orphans

@@ -365,6 +365,15 @@ def recording_engine(tmp_path: Path, backend: str) -> dict[str, str]:
     return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(tmp_path / "calls"), "STACK_TIMEOUT": "0"}
 
 
+def test_make_up_refuses_a_malformed_retention_before_starting(tmp_path: Path) -> None:
+    env = recording_engine(tmp_path, "victoriametrics")
+    (tmp_path / "stack.env").write_text("METRICS_BACKEND=victoriametrics\nVICTORIAMETRICS_RETENTION=30 days\n")
+    result = stack("up", tmp_path=tmp_path, **env)
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1].startswith("VICTORIAMETRICS_RETENTION=30 days in ")
+    assert not any(" up -d " in c for c in (tmp_path / "calls").read_text().splitlines())
+
+
 def test_make_backup_on_victoriametrics_archives_a_snapshot(tmp_path: Path) -> None:
     env = recording_engine(tmp_path, "victoriametrics")
     result = stack("backup", tmp_path=tmp_path, STACK_BACKUP_DIR=str(tmp_path / "backups"), **env)
@@ -462,6 +471,39 @@ def test_grafana_entrypoint_reads_the_influxdb_token_only_for_its_data_source(tm
         assert result.stdout.strip() == "started token=none"
     else:
         assert result.returncode == 1 and "make clean VOLUMES=1" in result.stderr
+
+
+def test_grafana_entrypoint_renders_the_victoriametrics_rules_it_is_given(tmp_path: Path) -> None:
+    """The compose file mounts grafana/alerting-victoriametrics where the entrypoint reads the rules."""
+    fake_run = tmp_path / "run.sh"
+    fake_run.write_text('#!/bin/sh\necho "provisioning=$GF_PATHS_PROVISIONING"\n')
+    fake_run.chmod(0o755)
+    sources = GRAFANA_SOURCES["victoriametrics"]
+    env = {
+        "PATH": os.environ["PATH"],
+        "GRAFANA_RUN": str(fake_run),
+        "GF_PATHS_PROVISIONING": str(sources["/etc/grafana/provisioning"]),
+        "TELEMETRY_ALERTING_DIR": str(sources["/etc/telemetry/alerting"]),
+        "TELEMETRY_PROVISIONING_DIR": str(tmp_path / "provisioning"),
+        "ALERT_NODE_SILENT_STEPS": "7",
+    }
+    result = subprocess.run(
+        ["sh", str(COMPOSE / "grafana" / "entrypoint.sh")], env=env, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    rendered = tmp_path / "provisioning"
+    assert (rendered / "datasources" / "datasources.yml").read_text() == (
+        sources["/etc/grafana/provisioning"] / "datasources" / "datasources.yml"
+    ).read_text()
+    rules = (rendered / "alerting" / "rules.yaml").read_text()
+    assert "${ALERT_" not in rules
+    queried = {
+        query["datasourceUid"]
+        for group in yaml.safe_load(rules)["groups"]
+        for rule in group["rules"]
+        for query in rule["data"]
+    }
+    assert "victoriametrics" in queried and "influxdb" not in queried
 
 
 # ---------------------------------------------------------------- the real write path
