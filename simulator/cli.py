@@ -21,6 +21,7 @@ import json
 import os
 import secrets
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -230,6 +231,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=_non_negative(float),
         default=DEFAULT_SETTLE,
         help=f"seconds to keep re-counting stored records that are still missing (default: {DEFAULT_SETTLE:g})",
+    )
+    check.add_argument(
+        "--victoriametrics-latency-offset",
+        type=_non_negative(float),
+        default=vm.LATENCY_OFFSET_SECONDS,
+        metavar="SECONDS",
+        help="VictoriaMetrics hides samples younger than this from Grafana's queries (its -search.latencyOffset); "
+        "through Grafana the simulator waits that long after the load before it counts and queries "
+        f"(default: {vm.LATENCY_OFFSET_SECONDS:g})",
     )
     check.add_argument(
         "--fault",
@@ -591,6 +601,8 @@ def execute(args: argparse.Namespace, line_counter: LineCounter | None = None) -
     with load.ProgressView(settings, enabled=load.progress_enabled(args.quiet)) as progress:
         fleet = load.run_fleet(specs, run, plan, targets, settings, progress)
 
+    if not args.no_validate and stack.backend == "victoriametrics" and stack.grafana is not None:
+        wait_until_visible(fleet.ended_ns / 1e9 + args.victoriametrics_latency_offset, args.quiet)
     checks: list[vd.QueryCheck] = []
     delivery: list[vd.DeliveryRow] = []
     alerts: list[al.AlertCheck] = []
@@ -621,6 +633,15 @@ def execute(args: argparse.Namespace, line_counter: LineCounter | None = None) -
     if not args.quiet:
         rp.print_report(report, verbose=args.verbose)
     return report["summary"]["exit_code"]
+
+
+def wait_until_visible(at: float, quiet: bool) -> None:
+    """Sleep until the epoch time `at`, when the store shows the run's last samples to Grafana."""
+    delay = at - time.time()
+    if delay > 0:
+        if not quiet:
+            print(f"waiting {delay:.0f} s until VictoriaMetrics shows the last samples to Grafana", file=sys.stderr)
+        time.sleep(delay)
 
 
 REFUSED_URL = "http://127.0.0.1:1"  # nothing listens on port 1: a store that refuses connections

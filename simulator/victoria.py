@@ -42,6 +42,8 @@ from simulator.validate import EMPTY, ERROR, MAX_DATA_POINTS, OK, Outcome, _graf
 
 # The query arguments that make just-written samples visible (see the module docstring).
 FRESH = {"nocache": "1", "latency_offset": "0s"}
+# -search.latencyOffset's default: how long the newest samples stay hidden from queries without FRESH.
+LATENCY_OFFSET_SECONDS = 30.0
 # Grafana's Prometheus variable query forms (metric_find_query.ts).
 _LABEL_NAMES = re.compile(r"^\s*label_names\(\s*(.*?)\s*\)\s*$", re.DOTALL)
 _LABEL_VALUES = re.compile(r"^\s*label_values\(\s*(?:(.+?)\s*,\s*)?([A-Za-z_]\w*)\s*\)\s*$", re.DOTALL)

@@ -85,10 +85,15 @@ class LokiSource:
 
 @dataclass(frozen=True)
 class PrometheusSource:
-    """A provisioned Prometheus-type data source (a VictoriaMetrics); only its health check is modelled."""
+    """A provisioned Prometheus-type data source (a VictoriaMetrics): its health check and its queries.
+
+    `min_interval` is the data source's `timeInterval` (scrape interval), the floor of
+    the step Grafana computes.
+    """
 
     url: str
     type: str = "prometheus"
+    min_interval: timedelta = timedelta(seconds=10)
 
 
 @dataclass
@@ -190,6 +195,8 @@ class GrafanaReceiver:
                 return 404, {"message": "Data source not found"}
             if isinstance(source, LokiSource):
                 result = self._logql(ref_id, uid, source, query, window)
+            elif isinstance(source, PrometheusSource):
+                result = self._promql(ref_id, uid, source, query, window)
             else:
                 result = self._influxql(ref_id, uid, source, query, window)
             failed = failed or "error" in result
@@ -240,6 +247,47 @@ class GrafanaReceiver:
         with self._lock:
             self._state.queries.append(SeenQuery(ref_id, uid, raw, executed, 200))
         return {"status": 200, "frames": loki_frames(ref_id, data)}
+
+    def _promql(
+        self, ref_id: str, uid: str, source: PrometheusSource, query: dict[str, Any], window: dash.TimeRange
+    ) -> dict[str, Any]:
+        """Grafana's Prometheus backend (pkg/promlib): the macros filled in, then query or query_range.
+
+        models/query.go: a query is instant when `instant` is set and a range query
+        otherwise; the step is the interval (never below the data source's
+        timeInterval), the range's start and end aligned down to it; $__interval,
+        $__range, $__rate_interval... interpolated. The answer is converted as
+        converter/prom.go does (testdata/prom-vector-frame.jsonc): one frame per
+        series, a Time field and a Value field labelled with the whole metric,
+        NaN written as null.
+        """
+        raw = str(query.get("expr") or "")
+        max_points = int(query.get("maxDataPoints") or 1000)
+        interval = dash.auto_interval(window, max_points, source.min_interval)
+        try:
+            executed = dash.expand_metricsql(raw, window, {}, interval=interval)
+        except KeyError as exc:  # a template variable the client did not fill in
+            return self._error(ref_id, uid, raw, raw, f"bad_data: unknown variable {exc.args[0]}")
+        if query.get("instant"):
+            path, params = "/api/v1/query", {"query": executed, "time": dash.prometheus_time(window.end_ms)}
+        else:
+            path, params = "/api/v1/query_range", {"query": executed, **dash.prometheus_range(window, interval)}
+        data = urllib.parse.urlencode(params).encode()
+        try:
+            with urllib.request.urlopen(source.url.rstrip("/") + path, data=data, timeout=60) as response:
+                body = json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            text = exc.read().decode(errors="replace")
+            try:
+                message = json.loads(text).get("error") or text
+            except ValueError:
+                message = text
+            return self._error(ref_id, uid, raw, executed, str(message))
+        except (urllib.error.URLError, OSError) as exc:
+            return self._error(ref_id, uid, raw, executed, str(exc))
+        with self._lock:
+            self._state.queries.append(SeenQuery(ref_id, uid, raw, executed, 200))
+        return {"status": 200, "frames": prometheus_frames(ref_id, executed, body.get("data") or {})}
 
     def loki_api(self, path: str, params: dict[str, str]) -> tuple[int, Any]:
         """Loki's own query API (query_range, query, label values) over the first Loki source."""
@@ -408,6 +456,31 @@ def table_frames(ref_id: str, executed: str, results: list[dict[str, Any]]) -> l
         else:
             fields.append({"name": name, "type": "number", "typeInfo": {"frame": "float64", "nullable": True}})
     return [_frame(ref_id, "", executed, fields, values)] if any(values) else []
+
+
+def _number(value: Any) -> float | None:
+    number = float(value)
+    return None if math.isnan(number) else number
+
+
+def prometheus_frames(ref_id: str, executed: str, data: dict[str, Any]) -> list[dict[str, Any]]:
+    """A Prometheus answer as Grafana's frames: per series a Time field and a labelled Value field."""
+    kind, result = data.get("resultType"), data.get("result") or []
+    if kind == "scalar":
+        result = [{"metric": {}, "value": result}]
+    frames = []
+    for series in result if kind in ("matrix", "vector", "scalar") else []:
+        points = series.get("values") or ([series["value"]] if "value" in series else [])
+        value_field = {
+            "name": "Value",
+            "type": "number",
+            "typeInfo": {"frame": "float64", "nullable": True},
+            "labels": dict(series.get("metric") or {}),
+        }
+        times = [int(float(t) * 1000) for t, _ in points]
+        values = [_number(v) for _, v in points]
+        frames.append(_frame(ref_id, "", executed, [_TIME_FIELD, value_field], [times, values]))
+    return frames
 
 
 def _prometheus_health(source: PrometheusSource) -> tuple[int, dict[str, Any]]:

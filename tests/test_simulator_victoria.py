@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from grafana_receiver import GrafanaReceiver, LokiSource
+from grafana_receiver import GrafanaReceiver, LokiSource, PrometheusSource
 from loki_receiver import LokiReceiver
 from servers import VictoriaMetrics
 from test_simulator_e2e import clean_env  # noqa: F401  (the developer's environment stays out)
@@ -245,3 +245,38 @@ def test_the_backend_comes_from_the_environment_as_the_stack_sets_it(
     assert main(argv) == 0
     settings = json.loads(report.read_text())["settings"]
     assert settings["metrics_backend"] == "victoriametrics" and settings["influxdb_url"] == victoria_server.url
+
+
+def test_through_grafana_every_metricsql_panel_the_counts_and_the_rules(
+    victoria_server: VictoriaMetrics, token: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The local stack's path (make simulate): the store is not reachable for reads, Grafana is."""
+    monkeypatch.setenv("GRAFANA_TOKEN", "glsa_vm_test")
+    with LokiReceiver() as loki:
+        sources = {
+            "victoriametrics": PrometheusSource(victoria_server.url, min_interval=timedelta(seconds=1)),
+            "loki": LokiSource(loki),
+        }
+        with GrafanaReceiver(sources, token="glsa_vm_test") as grafana:
+            # Writes only at this address; everything read goes through Grafana.
+            stack = ["--metrics-backend", "victoriametrics", "--influxdb-url", victoria_server.url]
+            stack += ["--loki-url", loki.base_url, "--grafana-url", grafana.url]
+            # This server shows samples at once (-search.latencyOffset=0s): nothing to wait for.
+            code, report = simulate(
+                stack, tmp_path, "--victoriametrics-latency-offset", "0", "--duration", "10", "--fault", "drops@3"
+            )
+            seen = grafana.queries
+    assert code == 0, report["summary"]
+    queries = [q for q in report["queries"] if q["datasource"] == "prometheus"]
+    variables = [q for q in queries if q["kind"] == "variable"]
+    assert variables and {q["status"] for q in variables} == {vd.SKIPPED}  # Grafana's resource API answers those
+    assert {q["status"] for q in queries if q["kind"] == "panel" and q["status"] != vd.SKIPPED} == {vd.OK}
+    assert "$__interval" in "".join(q["query"] for q in queries)  # Grafana fills its macros in itself
+    rows = [row for row in report["delivery"] if row["store"] == "victoriametrics"]
+    assert rows and all(row["ok"] for row in rows)
+    alerts = {a["uid"]: a for a in report["alerts"]}
+    assert alerts["telemetry-client-drops"]["status"] == "FIRING" and report["summary"]["alerts_wrong"] == []
+    # The counts and the rules went through Grafana's VictoriaMetrics data source too.
+    executed = [q.executed for q in seen if q.datasource_uid == "victoriametrics"]
+    assert any("keep_metric_names" in text for text in executed)
+    assert any("range_over_time(telemetry_client_dropped_none_value" in text for text in executed)
