@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from grafana_receiver import GrafanaReceiver, LokiSource, PrometheusSource
 from loki_receiver import LokiReceiver
-from servers import VictoriaMetrics
+from servers import VictoriaMetrics, victoria_metrics
 from test_simulator_e2e import clean_env  # noqa: F401  (the developer's environment stays out)
 
 from simulator import cli
@@ -38,6 +38,13 @@ def victoria_args(server: VictoriaMetrics) -> list[str]:
     return ["--metrics-backend", "victoriametrics", "--victoriametrics-url", server.url]
 
 
+@pytest.fixture(scope="module")
+def store() -> Iterator[VictoriaMetrics]:
+    """This module's own VictoriaMetrics: the session's shared one is for tests that expect it empty."""
+    with victoria_metrics() as server:
+        yield server
+
+
 @pytest.fixture
 def token(monkeypatch: pytest.MonkeyPatch) -> None:
     """The nodes' write token: this VictoriaMetrics has no auth and takes any."""
@@ -45,9 +52,9 @@ def token(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def stack(victoria_server: VictoriaMetrics, token: None) -> Iterator[list[str]]:
+def stack(store: VictoriaMetrics, token: None) -> Iterator[list[str]]:
     with LokiReceiver() as loki, GrafanaReceiver({"loki": LokiSource(loki)}, token="glsa_test") as grafana:
-        yield [*victoria_args(victoria_server), "--loki-url", loki.base_url, "--loki-query-url", grafana.url]
+        yield [*victoria_args(store), "--loki-url", loki.base_url, "--loki-query-url", grafana.url]
 
 
 def simulate(stack: list[str], tmp_path: Path, *extra: str) -> tuple[int, dict[str, Any]]:
@@ -82,11 +89,11 @@ def _query(text: str, source: str = "panel", instant: bool = False) -> dash.Quer
 
 
 @pytest.fixture
-def written(victoria_server: VictoriaMetrics) -> tuple[str, dash.TimeRange]:
+def written(store: VictoriaMetrics) -> tuple[str, dash.TimeRange]:
     """Forty points of a measurement with two numeric fields and a string one, from one MetricsLogger."""
     measurement = f"vmcheck{datetime.now(UTC).strftime('%H%M%S%f')}"
     logger = MetricsLogger(
-        url=victoria_server.url, token="any", org="o", database="b", uid=7, role="miner", runtime_id="vmrun.1-0",
+        url=store.url, token="any", org="o", database="b", uid=7, role="miner", runtime_id="vmrun.1-0",
         buffer=BufferSettings(flush_interval=0.05), self_metrics_interval=None,
     )  # fmt: skip
     now = datetime.now(UTC)
@@ -95,15 +102,15 @@ def written(victoria_server: VictoriaMetrics) -> tuple[str, dash.TimeRange]:
         logger.log(measurement, fields={"loss": index / 10, "window": index, "note": "text"}, timestamp=at)
     assert logger.flush(10) == 0 and logger.stats()["sent"] == 40
     logger.close(1)
-    victoria_server.wait_for_series(f'{{__name__=~"{measurement}_.*"}}', 3)
+    store.wait_for_series(f'{{__name__=~"{measurement}_.*"}}', 3)
     return measurement, dash.TimeRange(now - timedelta(seconds=60), now + timedelta(seconds=1))
 
 
 def test_range_instant_and_variable_queries_report_what_came_back(
-    victoria_server: VictoriaMetrics, written: tuple[str, dash.TimeRange]
+    store: VictoriaMetrics, written: tuple[str, dash.TimeRange]
 ) -> None:
     measurement, window = written
-    runner = vm.PromQL(victoria_server.url)
+    runner = vm.PromQL(store.url)
     step = timedelta(seconds=5)
     ranged = runner.run(_query(""), f"avg_over_time({measurement}_loss[5s])", window, step)
     assert ranged.status == vd.OK and ranged.series == 1 and 8 <= ranged.values <= 13, ranged
@@ -123,11 +130,9 @@ def test_range_instant_and_variable_queries_report_what_came_back(
     assert unreachable.status == vd.ERROR and "unreachable" in unreachable.message
 
 
-def test_counts_are_the_points_one_logger_wrote(
-    victoria_server: VictoriaMetrics, written: tuple[str, dash.TimeRange]
-) -> None:
+def test_counts_are_the_points_one_logger_wrote(store: VictoriaMetrics, written: tuple[str, dash.TimeRange]) -> None:
     measurement, window = written
-    runner = vm.PromQL(victoria_server.url)
+    runner = vm.PromQL(store.url)
     # Not in the catalog: every `<measurement>_*` series counts, the fullest one is the point count.
     assert vm.stored_counts(runner, "vmrun.1", window, [measurement]) == {measurement: 40}
     # The run id is a literal prefix of runtime_id: "." matches only itself.
@@ -153,10 +158,10 @@ def test_regex_and_string_escapes_keep_a_run_id_literal() -> None:
 
 
 def test_a_run_on_victoriametrics_runs_every_metricsql_query_and_accounts_for_every_point_and_line(
-    stack: list[str], victoria_server: VictoriaMetrics, tmp_path: Path
+    stack: list[str], store: VictoriaMetrics, tmp_path: Path
 ) -> None:
     # Enough miner steps for the rare non-finite gradient norm that the drops panel shows.
-    code, report = simulate(stack, tmp_path, "--run-id", "sim-vm1", "--miners", "8", "--points-per-sec", "2000")
+    code, report = simulate(stack, tmp_path, "--run-id", "sim-vmrun1", "--miners", "8", "--points-per-sec", "2000")
     assert code == 0, report["summary"]
     # Every query of grafana/dashboards-victoriametrics/ ran on the store and answered.
     queries = [q for q in report["queries"] if q["datasource"] == "prometheus"]
@@ -173,7 +178,7 @@ def test_a_run_on_victoriametrics_runs_every_metricsql_query_and_accounts_for_ev
     assert {q["status"] for q in report["queries"] if q["datasource"] == "loki"} == {vd.OK}
     assert not any(q["datasource"] == "influxdb" for q in report["queries"])
     assert report["settings"]["metrics_backend"] == "victoriametrics"
-    assert report["settings"]["victoriametrics_url"] == victoria_server.url
+    assert report["settings"]["victoriametrics_url"] == store.url
     sent = report["fleet"]["metrics"]["sent_by_key"]
     assert set(sent) == set(CATALOG) and report["summary"]["lost"] == 0
     rows = {row["key"]: row for row in report["delivery"] if row["store"] == "victoriametrics"}
@@ -181,19 +186,18 @@ def test_a_run_on_victoriametrics_runs_every_metricsql_query_and_accounts_for_ev
     assert all(row["ok"] and row["stored"] == sent[key] for key, row in rows.items())
     assert [row for row in report["delivery"] if row["store"] == "loki"] and all(r["ok"] for r in report["delivery"])
     # Read back independently of the simulator's counting: the store holds what the clients sent.
-    assert_holds(samples(victoria_server, "training_step_loss", "sim-vm1"), sent["training_step"], report)
-    assert_holds(samples(victoria_server, "system_cpu_percent", "sim-vm1"), sent["system"], report)
+    assert_holds(samples(store, "training_step_loss", "sim-vmrun1"), sent["training_step"], report)
+    assert_holds(samples(store, "system_cpu_percent", "sim-vmrun1"), sent["system"], report)
 
 
 def test_points_the_store_does_not_hold_are_reported_lost(
-    stack: list[str], victoria_server: VictoriaMetrics, tmp_path: Path
+    stack: list[str], store: VictoriaMetrics, tmp_path: Path
 ) -> None:
     """Writes to a VictoriaMetrics other than the one queried: every point is missing, exit bit 4."""
     (tmp_path / "none").mkdir()
-    from servers import victoria_metrics
-
     with victoria_metrics() as elsewhere:
-        argv = [*stack, "--influxdb-url", elsewhere.url, "--run-id", "sim-vm2", "--dashboards", str(tmp_path / "none")]
+        argv = [*stack, "--influxdb-url", elsewhere.url, "--run-id", "sim-vmrun2"]
+        argv += ["--dashboards", str(tmp_path / "none")]
         code, report = simulate(argv, tmp_path, "--settle", "2", "--duration", "1.5")
     assert code & 4 and not code & 8, report["summary"]
     rows = [row for row in report["delivery"] if row["store"] == "victoriametrics"]
@@ -235,31 +239,31 @@ def test_a_wrong_backend_setting_is_a_usage_error(
 
 
 def test_the_backend_comes_from_the_environment_as_the_stack_sets_it(
-    victoria_server: VictoriaMetrics, token: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    store: VictoriaMetrics, token: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("METRICS_BACKEND", "victoriametrics")
-    monkeypatch.setenv("VICTORIAMETRICS_URL", victoria_server.url)
+    monkeypatch.setenv("VICTORIAMETRICS_URL", store.url)
     (tmp_path / "none").mkdir()
     report = tmp_path / "report.json"
     argv = [*QUICK, *FLEET, "--duration", "1.5", "--dashboards", str(tmp_path / "none"), "--report", str(report)]
     assert main(argv) == 0
     settings = json.loads(report.read_text())["settings"]
-    assert settings["metrics_backend"] == "victoriametrics" and settings["influxdb_url"] == victoria_server.url
+    assert settings["metrics_backend"] == "victoriametrics" and settings["influxdb_url"] == store.url
 
 
 def test_through_grafana_every_metricsql_panel_the_counts_and_the_rules(
-    victoria_server: VictoriaMetrics, token: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    store: VictoriaMetrics, token: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The local stack's path (make simulate): the store is not reachable for reads, Grafana is."""
     monkeypatch.setenv("GRAFANA_TOKEN", "glsa_vm_test")
     with LokiReceiver() as loki:
         sources = {
-            "victoriametrics": PrometheusSource(victoria_server.url, min_interval=timedelta(seconds=1)),
+            "victoriametrics": PrometheusSource(store.url, min_interval=timedelta(seconds=1)),
             "loki": LokiSource(loki),
         }
         with GrafanaReceiver(sources, token="glsa_vm_test") as grafana:
             # Writes only at this address; everything read goes through Grafana.
-            stack = ["--metrics-backend", "victoriametrics", "--influxdb-url", victoria_server.url]
+            stack = ["--metrics-backend", "victoriametrics", "--influxdb-url", store.url]
             stack += ["--loki-url", loki.base_url, "--grafana-url", grafana.url]
             # This server shows samples at once (-search.latencyOffset=0s): nothing to wait for.
             code, report = simulate(
