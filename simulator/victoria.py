@@ -46,7 +46,6 @@ FRESH = {"nocache": "1", "latency_offset": "0s"}
 LATENCY_OFFSET_SECONDS = 30.0
 # Grafana's Prometheus variable query forms (metric_find_query.ts).
 _LABEL_NAMES = re.compile(r"^\s*label_names\(\s*(.*?)\s*\)\s*$", re.DOTALL)
-_LABEL_VALUES = re.compile(r"^\s*label_values\(\s*(?:(.+?)\s*,\s*)?([A-Za-z_]\w*)\s*\)\s*$", re.DOTALL)
 _METRICS = re.compile(r"^\s*metrics\(\s*(.*?)\s*\)\s*$", re.DOTALL)
 _QUERY_RESULT = re.compile(r"^\s*query_result\(\s*(.+)\s*\)\s*$", re.DOTALL)
 # RE2 metacharacters, for a literal inside a regex matcher.
@@ -73,10 +72,11 @@ def variable_call(text: str) -> tuple[str, str] | None:
         match = pattern.match(text)
         if match:
             return kind, match.group(1)
-    match = _LABEL_VALUES.match(text)
-    if match:
-        return "label_values", json.dumps([match.group(1) or "", match.group(2)])
-    return None
+    try:
+        label, match = dash.prometheus_label_values(text)
+    except ValueError:
+        return None
+    return "label_values", json.dumps([(match or "").strip(), label])
 
 
 def _is_number(text: Any) -> bool:
@@ -132,17 +132,9 @@ class PromQL:
         """/api/v1/query at `at_ms`: {"resultType", "result"}."""
         return self._call("/api/v1/query", {"query": expr, "time": f"{at_ms / 1000:.3f}", **FRESH})
 
-    def range(self, expr: str, start_ms: int, end_ms: int, step: timedelta) -> Any:
+    def range(self, expr: str, window: dash.TimeRange, step: timedelta) -> Any:
         """/api/v1/query_range with start and end aligned down to the step, as Grafana sends it."""
-        step_ms = max(1, int(step.total_seconds() * 1000))
-        params = {
-            "query": expr,
-            "start": f"{start_ms // step_ms * step_ms / 1000:.3f}",
-            "end": f"{end_ms // step_ms * step_ms / 1000:.3f}",
-            "step": f"{step_ms / 1000:g}s",
-            **FRESH,
-        }
-        return self._call("/api/v1/query_range", params)
+        return self._call("/api/v1/query_range", {"query": expr, **dash.prometheus_range(window, step), **FRESH})
 
     def flush(self) -> bool:
         """Make just-written samples searchable now, where the server offers it (a single node does).
@@ -178,10 +170,7 @@ class PromQL:
             if call is not None:
                 found = self.variable(*call, window)
                 return Outcome(OK if found else EMPTY, "" if found else "no values offered", 1, len(found))
-            if query.instant:
-                data = self.instant(text, window.end_ms)
-            else:
-                data = self.range(text, window.start_ms, window.end_ms, interval)
+            data = self.instant(text, window.end_ms) if query.instant else self.range(text, window, interval)
         except (RuntimeError, ValueError) as exc:
             return Outcome(ERROR, str(exc))
         series, values = result_counts(data)

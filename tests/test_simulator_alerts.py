@@ -12,6 +12,7 @@ few seconds.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from collections.abc import Iterator
 from datetime import timedelta
@@ -183,3 +184,26 @@ def test_short_runs_skip_the_rules_and_faults_need_a_long_enough_run() -> None:
     assert ft.Fault.parse("loss-divergence:uid=5@15s") == ft.Fault("loss-divergence", "5", 15.0)
     assert ft.Fault.parse("influxdb-down@2") == ft.Fault("metrics-down", None, 2.0)
     assert al.expected_rules(ft.resolve([ft.Fault("drops")], {"0": "miner"}, 10)) == {"telemetry-client-drops"}
+
+
+def test_a_prometheus_rule_query_runs_instant_at_its_window_end_with_the_window_as_range() -> None:
+    """Grafana's Prometheus backend: $__range is the window in whole seconds; the query runs at the window's end."""
+    asked: list[tuple[str, int]] = []
+
+    class Store:
+        def instant(self, expr: str, at_ms: int) -> dict[str, Any]:
+            asked.append((expr, at_ms))
+            return {"resultType": "vector", "result": [{"metric": {"uid": "3"}, "value": [at_ms / 1000, "NaN"]}]}
+
+    query = {
+        "refId": "A",
+        "datasourceUid": "victoriametrics",
+        "relativeTimeRange": {"from": 600, "to": 120},
+        "model": {"refId": "A", "expr": "max(max_over_time(x[$__range]))", "instant": True},
+    }
+    [series] = al.run_query(query, None, None, 1_000_000, Store())
+    assert asked == [("max(max_over_time(x[480s]))", 880_000)]
+    assert series.labels == {"uid": "3"} and math.isnan(series.points[0][1])
+    assert al.run_query(query, None, None, 1_000_000, None) is None  # no VictoriaMetrics in this run
+    with pytest.raises(ValueError, match="only instant"):
+        al.run_query({**query, "model": {**query["model"], "instant": False}}, None, None, 1_000_000, Store())
