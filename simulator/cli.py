@@ -749,6 +749,14 @@ def account_delivery(
     rows = vd.account(
         stack.backend, fleet.metrics.get("sent_by_key") or {}, metrics_counter(stack, fleet, wide, uids), settle
     )
+    if stack.backend == "victoriametrics":
+        for row in rows:
+            if row.stored is not None and row.stored > row.sent and not row.message:
+                # InfluxDB keeps one point per series and time; VictoriaMetrics keeps every copy.
+                row.message = (
+                    f"{row.stored - row.sent} more stored than sent: VictoriaMetrics keeps both copies of a batch "
+                    "the client sent again after a timeout the server had outlived"
+                )
     sent_lines = vd.lines_by_level(fleet.logs.get("sent_by_key") or {})
     if sent_lines:
         if line_counter is not None:

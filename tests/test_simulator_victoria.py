@@ -284,3 +284,26 @@ def test_through_grafana_every_metricsql_panel_the_counts_and_the_rules(
     executed = [q.executed for q in seen if q.datasource_uid == "victoriametrics"]
     assert any("keep_metric_names" in text for text in executed)
     assert any("range_over_time(telemetry_client_dropped_none_value" in text for text in executed)
+
+
+def test_more_points_stored_than_sent_are_reported_as_such(
+    stack: list[str], store: VictoriaMetrics, tmp_path: Path
+) -> None:
+    """Points the run's clients did not count as sent (as a batch kept twice would be) are named, not hidden."""
+    extra = MetricsLogger(
+        url=store.url, token="any", org="o", database="b", uid=99, role="miner", runtime_id="sim-vmrun3-99",
+        buffer=BufferSettings(flush_interval=0.05), self_metrics_interval=None,
+    )  # fmt: skip
+    soon = datetime.now(UTC) + timedelta(seconds=2)  # inside the run's window
+    for index in range(3):
+        extra.log("training_step", fields={"loss": 1.0, "window": 0}, timestamp=soon + timedelta(milliseconds=index))
+    assert extra.flush(10) == 0
+    extra.close(1)
+    (tmp_path / "none").mkdir()
+    code, report = simulate(
+        stack, tmp_path, "--run-id", "sim-vmrun3", "--dashboards", str(tmp_path / "none"), "--duration", "4"
+    )
+    assert code & 4, report["summary"]
+    [row] = [row for row in report["delivery"] if not row["ok"]]
+    assert (row["key"], row["stored"] - row["sent"]) == ("training_step", 3)
+    assert row["message"].startswith("3 more stored than sent")
