@@ -368,8 +368,18 @@ def resolve_stack(args: argparse.Namespace) -> Stack:
         loki_query_url=(args.loki_query_url or _env("LOKI_QUERY_URL") or "").rstrip("/") or None,
         backend=backend,
         victoria_url=victoria if backend == "victoriametrics" else None,
-        victoria_headers=vm.headers_from_env(os.environ) if backend == "victoriametrics" else (),
+        victoria_headers=victoria_headers(backend),
     )
+
+
+def victoria_headers(backend: str) -> tuple[tuple[str, str], ...]:
+    """VictoriaMetrics read credentials from the environment (none for InfluxDB)."""
+    if backend != "victoriametrics":
+        return ()
+    try:
+        return vm.headers_from_env(os.environ)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def check_reachable(url: str, what: str) -> None:

@@ -231,6 +231,8 @@ def headers_from_env(env: Mapping[str, str | None]) -> tuple[tuple[str, str], ..
     import base64
 
     user, password = env.get("VICTORIAMETRICS_USERNAME"), env.get("VICTORIAMETRICS_PASSWORD")
+    if bool(user) != bool(password):
+        raise ValueError("set both VICTORIAMETRICS_USERNAME and VICTORIAMETRICS_PASSWORD, or neither")
     if user and password:
         return (("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()),)
     token = env.get("VICTORIAMETRICS_BEARER_TOKEN")

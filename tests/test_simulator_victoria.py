@@ -220,6 +220,8 @@ def test_a_drops_fault_is_expected_and_nothing_is_lost(stack: list[str], tmp_pat
     [
         (["--metrics-backend", "victoriametrics"], {}, "no VictoriaMetrics: pass --victoriametrics-url"),
         ([], {"METRICS_BACKEND": "prometheus"}, "METRICS_BACKEND must be one of influxdb, victoriametrics"),
+        (["--metrics-backend", "victoriametrics", "--victoriametrics-url", "http://127.0.0.1:1"],
+         {"VICTORIAMETRICS_PASSWORD": "pw"}, "set both VICTORIAMETRICS_USERNAME and VICTORIAMETRICS_PASSWORD"),
         (["--metrics-backend", "victoriametrics", "--victoriametrics-url", "http://127.0.0.1:1"], {},
          "VictoriaMetrics at http://127.0.0.1:1/api/v1/labels is unreachable"),
     ],
@@ -307,3 +309,11 @@ def test_more_points_stored_than_sent_are_reported_as_such(
     [row] = [row for row in report["delivery"] if not row["ok"]]
     assert (row["key"], row["stored"] - row["sent"]) == ("training_step", 3)
     assert row["message"].startswith("3 more stored than sent")
+
+
+def test_read_credentials_come_from_the_environment() -> None:
+    basic = vm.headers_from_env({"VICTORIAMETRICS_USERNAME": "reader", "VICTORIAMETRICS_PASSWORD": "pw"})
+    assert basic == (("Authorization", "Basic cmVhZGVyOnB3"),)
+    assert vm.headers_from_env({"VICTORIAMETRICS_BEARER_TOKEN": "t0k"}) == (("Authorization", "Bearer t0k"),)
+    with pytest.raises(ValueError, match="both VICTORIAMETRICS_USERNAME and VICTORIAMETRICS_PASSWORD"):
+        vm.headers_from_env({"VICTORIAMETRICS_USERNAME": "reader"})
