@@ -7,7 +7,9 @@ reverse proxy's balancing run for real.
   over the three of them.
 - Debian's `caddy` adapts that Caddyfile, then serves its Loki site on loopback
   in front of three stub Loki hosts, one of which fails its readiness check:
-  pushes go, in turn, to the two ready ones only.
+  pushes go, in turn, to the two ready ones only. Grafana's read route (the
+  proxy's internal site its Loki data source points at) runs the same way:
+  reads are balanced over the ready hosts and still answered once one is gone.
 - The loki role's `scaled` molecule scenario (three hosts converged into scratch
   roots, idempotence, the configuration rules) runs as well.
 
@@ -16,6 +18,7 @@ Nothing here needs the network; the stub hosts and Caddy listen on 127.0.0.1.
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
@@ -27,6 +30,7 @@ import subprocess
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from base64 import b64encode
 from collections import Counter
@@ -73,8 +77,9 @@ def push_password() -> str:
 
 
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory, push_password) -> Path:
-    """site.yml rendered for the production inventory with three Loki hosts."""
+def scaled(tmp_path_factory, push_password) -> tuple[Path, list[str]]:
+    """The production inventory with three Loki hosts in scaled mode: a scratch
+    directory and the ansible-playbook arguments that name it and its secrets."""
     caddy = require_binary("caddy")
     node_hash = subprocess.run(
         [caddy, "hash-password", "--plaintext", push_password], capture_output=True, text=True, check=True
@@ -117,19 +122,15 @@ def rendered(tmp_path_factory, push_password) -> Path:
     extra_vars = tmp / "vars.json"
     extra_vars.write_text(json.dumps(values))
     extra_vars.chmod(0o600)
-    _run(
-        [
-            "ansible-playbook",
-            "site.yml",
-            "-i",
-            "inventory/prod/hosts.yml",
-            "-i",
-            str(inventory),
-            "-e",
-            f"@{extra_vars}",
-        ]
-    )
-    return root
+    return tmp, ["-i", "inventory/prod/hosts.yml", "-i", str(inventory), "-e", f"@{extra_vars}"]
+
+
+@pytest.fixture(scope="module")
+def rendered(scaled) -> Path:
+    """site.yml rendered for the production inventory with three Loki hosts."""
+    tmp, arguments = scaled
+    _run(["ansible-playbook", "site.yml", *arguments])
+    return tmp / "root"
 
 
 def _loki_config(root: Path, host: str) -> dict:
@@ -171,6 +172,54 @@ def test_proxy_balances_pushes_over_every_loki_host(rendered):
         assert line in site, line
 
 
+READ_SITE = "http://:3101"
+
+
+def _compose(root: Path, host: str, service: str) -> dict:
+    return yaml.safe_load((root / host / f"opt/telemetry/{service}/container.compose.yml").read_text())
+
+
+def test_grafana_reads_loki_through_the_proxy_on_its_host(rendered):
+    """Not the first Loki host: the proxy's read route, by container name on the network both share."""
+    [(grafana_name, grafana)] = _compose(rendered, PROXY_HOST, "grafana")["services"].items()
+    [(proxy_name, proxy)] = _compose(rendered, PROXY_HOST, "reverse_proxy")["services"].items()
+    assert grafana["environment"]["LOKI_URL"] == f"http://{proxy['container_name']}:3101", grafana_name
+    assert set(grafana["networks"]) & set(proxy["networks"]), (grafana_name, proxy_name)
+    # Only reachable on that network: the read port is not published.
+    assert not any(":3101" in port for port in proxy["ports"])
+    site = _site(_caddyfile(rendered), READ_SITE)
+    upstreams = " ".join(f"{address}:3100" for address in CLUSTER.values())
+    assert f"reverse_proxy {upstreams} {{" in site
+    for line in ("lb_policy round_robin", "lb_try_duration", "health_uri /ready", "health_status 200"):
+        assert line in site, line
+
+
+def test_grafana_on_a_host_without_the_proxy_is_refused_before_any_change(scaled, tmp_path):
+    """The read route is on the proxy host's Docker network only: a Grafana elsewhere could not reach it."""
+    _, arguments = scaled
+    elsewhere = tmp_path / "elsewhere.yml"
+    grafana_b = {"telemetry_private_address": "10.0.0.30", "ansible_host": "10.0.0.30"}
+    grafana_b |= {"telemetry_root": str(tmp_path / "root"), "grafana_domain": "grafana-b.example.org"}
+    grafana_b |= {"grafana_influxdb_host": "10.0.0.20", "grafana_influxdb_token_host": "metrics_prod"}
+    elsewhere.write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "children": {"telemetry": {"children": {"grafana": {"hosts": {"grafana_b": None}}}}},
+                    "hosts": {"grafana_b": grafana_b},
+                }
+            }
+        )
+    )
+    command = ["ansible-playbook", "site.yml", *arguments, "-i", str(elsewhere), "--limit", "grafana_b"]
+    result = subprocess.run(command, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900, check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-OUTPUT_TAIL:]
+    assert "put grafana_b in group reverse_proxy too" in output, output[-OUTPUT_TAIL:]
+    assert "Check the Grafana settings" in output  # failed in the checks before anything changes
+    assert not (tmp_path / "root").exists()
+
+
 def _for_caddy_2_6(text: str) -> str:
     # Debian's Caddy 2.6 still spells the directive "basicauth" (renamed in 2.8).
     return text.replace("basic_auth {", "basicauth {")
@@ -206,12 +255,15 @@ def test_caddy_adapts_the_balancing_configuration(rendered, tmp_path):
                 walk(value)
 
     walk(json.loads(result.stdout))
-    [loki] = [p for p in proxies if len(p.get("upstreams", [])) > 1]
-    assert [u["dial"] for u in loki["upstreams"]] == [f"{a}:3100" for a in CLUSTER.values()]
-    assert loki["load_balancing"]["selection_policy"] == {"policy": "round_robin"}
-    assert loki["health_checks"]["active"]["uri"] == "/ready"
-    assert loki["health_checks"]["active"]["expect_status"] == 200
-    assert loki["health_checks"]["passive"]["fail_duration"] > 0
+    balanced = [p for p in proxies if len(p.get("upstreams", [])) > 1]
+    assert len(balanced) == 2  # the pushes, and Grafana's reads
+    for loki in balanced:
+        assert [u["dial"] for u in loki["upstreams"]] == [f"{a}:3100" for a in CLUSTER.values()]
+        assert loki["load_balancing"]["selection_policy"] == {"policy": "round_robin"}
+        assert loki["load_balancing"]["try_duration"] > 0
+        assert loki["health_checks"]["active"]["uri"] == "/ready"
+        assert loki["health_checks"]["active"]["expect_status"] == 200
+        assert loki["health_checks"]["passive"]["fail_duration"] > 0
     validate = subprocess.run(
         [caddy, "validate", "--adapter", "caddyfile", "--config", str(caddyfile)],
         capture_output=True,
@@ -223,17 +275,22 @@ def test_caddy_adapts_the_balancing_configuration(rendered, tmp_path):
 
 
 class StubLoki:
-    """A Loki host as the proxy sees it: /ready and the push endpoint.
+    """A Loki host as the proxy sees it: /ready, the push endpoint and a log query.
 
     Loki answers GET /ready with 200 "ready" once its ring has settled and 503
     before (grafana/loki pkg/loki/loki.go, readyHandler); a push it accepts
-    answers 204 (grafana/loki docs/sources/reference/loki-http-api.md, "Ingest logs").
+    answers 204 (grafana/loki docs/sources/reference/loki-http-api.md, "Ingest logs");
+    a log query over a range answers 200 with `{"status": "success", "data":
+    {"resultType": "streams", "result": [...]}}` (same page, "Query logs within a
+    range of time"). Grafana's Loki data source sends its queries as GET requests
+    (grafana/grafana pkg/tsdb/loki/api.go, makeDataRequest).
     """
 
     def __init__(self, ready: bool):
         self.ready = ready
         self.checks = 0
         self.pushes = 0
+        self.reads = 0
         self.saw_authorization = False
         stub = self
 
@@ -243,6 +300,12 @@ class StubLoki:
                     stub.checks += 1
                     body = b"ready" if stub.ready else b"Ingester not ready: waiting for 15s after being ready"
                     self.send_response(200 if stub.ready else 503)
+                elif self.path.startswith("/loki/api/v1/query_range?"):
+                    stub.reads += 1
+                    result = {"status": "success", "data": {"resultType": "streams", "result": []}}
+                    body = json.dumps(result).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
                 else:
                     body = b"404 page not found\n"
                     self.send_response(404)
@@ -282,10 +345,10 @@ def _wait_for(condition, what: str, deadline_s: float = 60) -> None:
     pytest.fail(f"timed out waiting for {what}")
 
 
-def test_pushes_go_in_turn_to_the_ready_hosts_only(rendered, tmp_path, push_password):
+@contextlib.contextmanager
+def _serving(site: str, stubs: list[StubLoki], tmp_path: Path):
+    """Caddy serving one rendered site on a loopback port, in front of the stubs instead of the Loki hosts."""
     caddy = require_binary("caddy")
-    stubs = [StubLoki(ready=True), StubLoki(ready=True), StubLoki(ready=False)]
-    site = _site(_caddyfile(rendered), "logs.example.org")
     upstreams = " ".join(f"{address}:3100" for address in CLUSTER.values())
     site = site.replace(upstreams, " ".join(stub.address for stub in stubs))
     site = "\n".join(line for line in site.splitlines() if not line.strip().startswith("tls "))
@@ -303,6 +366,22 @@ def test_pushes_go_in_turn_to_the_ready_hosts_only(rendered, tmp_path, push_pass
         # A second readiness check of the failing host means the first one's 503 was applied.
         _wait_for(lambda: all(stub.checks >= 2 for stub in stubs) or process.poll() is not None, "health checks")
         assert process.poll() is None, (tmp_path / "caddy.log").read_text()[-4000:]
+        yield port
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+        for stub in stubs:
+            stub.close()
+
+
+def test_pushes_go_in_turn_to_the_ready_hosts_only(rendered, tmp_path, push_password):
+    stubs = [StubLoki(ready=True), StubLoki(ready=True), StubLoki(ready=False)]
+    with _serving(_site(_caddyfile(rendered), "logs.example.org"), stubs, tmp_path) as port:
         token = b64encode(f"node:{push_password}".encode()).decode()
         statuses = Counter()
         body = json.dumps({"streams": [{"stream": {"service": "miner"}, "values": [["1", "line"]]}]}).encode()
@@ -346,16 +425,44 @@ def test_pushes_go_in_turn_to_the_ready_hosts_only(rendered, tmp_path, push_pass
             )
             urllib.request.urlopen(request, timeout=30).close()
         assert failing.pushes == 2
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
-        for stub in stubs:
-            stub.close()
+
+
+def test_grafana_reads_are_balanced_and_survive_a_lost_host(rendered, tmp_path):
+    stubs = [StubLoki(ready=True), StubLoki(ready=True), StubLoki(ready=False)]
+    with _serving(_site(_caddyfile(rendered), READ_SITE), stubs, tmp_path) as port:
+        base = f"http://127.0.0.1:{port}"
+        query = urllib.parse.urlencode({"query": '{service="miner"}', "start": "1", "end": "2", "limit": "10"})
+
+        def read() -> dict:
+            with urllib.request.urlopen(f"{base}/loki/api/v1/query_range?{query}", timeout=30) as response:
+                assert response.status == 200
+                return json.loads(response.read())
+
+        for _ in range(30):
+            assert read()["status"] == "success"
+        ready, failing = stubs[:2], stubs[2]
+        assert sorted(stub.reads for stub in ready) == [15, 15]
+        assert failing.reads == 0
+        # Reads only: a push, or anything off Loki's query API, reaches no host.
+        body = json.dumps({"streams": []}).encode()
+        with pytest.raises(urllib.error.HTTPError) as push:
+            urllib.request.urlopen(
+                urllib.request.Request(f"{base}/loki/api/v1/push", data=body, method="POST"), timeout=30
+            )
+        assert push.value.code == 404
+        with pytest.raises(urllib.error.HTTPError) as ready_page:
+            urllib.request.urlopen(f"{base}/ready", timeout=30)
+        assert ready_page.value.code == 404
+        assert sum(stub.pushes for stub in stubs) == 0
+
+        # One ready host is lost (its port now refuses connections): every read is still answered.
+        lost, left = ready
+        lost.close()
+        reads_before = left.reads
+        for _ in range(10):
+            assert read()["status"] == "success"
+        assert left.reads == reads_before + 10
+        assert failing.reads == 0
 
 
 @pytest.mark.timeout(900)
