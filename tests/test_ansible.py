@@ -333,6 +333,46 @@ def test_site_check_diff_changes_nothing_and_shows_no_secret(tmp_path, test_secr
                     assert str(text) not in output, f"{name} appears in the --check --diff output"
 
 
+def _changed_tasks(output: str) -> list[str]:
+    """Names of the tasks that reported a change (once each, in order)."""
+    names = []
+    for name, body in re.findall(r"(?ms)^TASK \[(.+?)\] \*+\n(.*?)(?=^TASK |^RUNNING HANDLER |^PLAY )", output):
+        if re.search(r"(?m)^changed: ", body) and name not in names:
+            names.append(name)
+    return names
+
+
+@pytest.mark.timeout(900)
+def test_site_check_reports_what_a_new_node_would_get(tmp_path, test_secrets):
+    """`make node-add` lists a node; `site.yml --check --diff` before the deploy reports
+    the node's password and push user as changes, and writes nothing."""
+    inventory = tmp_path / "inventory"
+    shutil.copytree(REPO / "inventory" / "local", inventory)
+    root = tmp_path / "root"
+    cmd = ["ansible-playbook", "site.yml", "-i", str(inventory), *_render_args(root, ["-e", f"@{test_secrets}"])]
+    _assert_ok(_run(cmd))
+    _assert_ok(_nodes_play(inventory, "miner-99", "add"))
+    caddyfile = root / "opt" / "telemetry" / "reverse_proxy" / "conf" / "Caddyfile"
+    before = caddyfile.read_text()
+
+    check = _run([*cmd, "--check", "--diff"])
+    _assert_ok(check)
+    assert "Check the disk space of the data stores" in check.stdout, "the run did not reach the last play"
+    assert _changed_tasks(check.stdout) == [
+        "reverse_proxy : Give each new node a push password (kept on this host, mode 0600)",
+        "reverse_proxy : Write the Caddyfile (checked by Caddy itself before it is used)",
+    ], check.stdout[-OUTPUT_TAIL:]
+    nodes_dir = root / "opt" / "telemetry" / "reverse_proxy" / "secrets" / "nodes"
+    assert not (nodes_dir / "miner-99.loki-password").exists()
+    assert caddyfile.read_text() == before
+
+    # The deploy then does what --check reported.
+    deploy = _run(cmd)
+    _assert_ok(deploy)
+    assert (nodes_dir / "miner-99.loki-password").stat().st_mode & 0o777 == 0o600
+    assert re.search(r"(?m)^\t\t\tminer-99 \$2b\$12\$", caddyfile.read_text())
+
+
 # --- molecule: docker scenarios (real containers) ---------------------------------
 
 
@@ -1041,6 +1081,22 @@ def _nodes_play(inventory: Path, node: str, action: str, *extra: str) -> subproc
             *extra,
         ]
     )
+
+
+def test_credentials_of_a_node_not_yet_deployed_say_to_deploy_first(tmp_path):
+    inventory = tmp_path / "inventory" / "prod"
+    shutil.copytree(REPO / "inventory" / "prod", inventory)
+    _assert_ok(_nodes_play(inventory, "miner-08", "add"))
+    root = tmp_path / "root"
+    local = ["-e", f"telemetry_root={root}", "-e", "ansible_connection=local", "-e", "ansible_become=false"]
+    local += ["-e", "ansible_python_interpreter={{ ansible_playbook_python }}", "-e", f"node_env_dir={tmp_path}/env"]
+    for extra in ([], ["--check"]):
+        result = _nodes_play(inventory, "miner-08", "credentials", *local, *extra)
+        output = result.stdout + result.stderr
+        assert result.returncode != 0, output[-OUTPUT_TAIL:]
+        assert "miner-08 has no credentials yet" in output, output[-OUTPUT_TAIL:]
+        assert "miner-08.token" in output and "miner-08.loki-password" in output
+        assert not (tmp_path / "env").exists()
 
 
 @pytest.mark.timeout(900)
