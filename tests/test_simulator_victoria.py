@@ -9,6 +9,7 @@ whose query API tests/grafana_receiver.py serves (--loki-query-url).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -63,14 +64,20 @@ def simulate(stack: list[str], tmp_path: Path, *extra: str) -> tuple[int, dict[s
     return code, json.loads(report.read_text())
 
 
-def samples(server: VictoriaMetrics, metric: str, run_id: str) -> int:
+def samples(server: VictoriaMetrics, metric: str, run_id: str, at_least: int = 0, timeout: float = 30.0) -> int:
     """Samples of one metric for the run, read back through /api/v1/export (not the simulator's counting).
 
-    The export sees samples once they are flushed into searchable parts (about a second after the write).
+    The export shows the last samples a moment after queries do: it is read again, flushed,
+    until it holds `at_least` or the (generous) deadline passes.
     """
-    server.flush()
-    series = server.export(f'{{__name__="{metric}", runtime_id=~"{run_id}-.*"}}')
-    return sum(len(s["values"]) for s in series)
+    deadline = time.monotonic() + timeout
+    while True:
+        server.flush()
+        series = server.export(f'{{__name__="{metric}", runtime_id=~"{run_id}-.*"}}')
+        found = sum(len(s["values"]) for s in series)
+        if found >= at_least or time.monotonic() > deadline:
+            return found
+        time.sleep(0.5)
 
 
 def assert_holds(exported: int, sent: int, report: dict[str, Any]) -> None:
@@ -186,8 +193,8 @@ def test_a_run_on_victoriametrics_runs_every_metricsql_query_and_accounts_for_ev
     assert all(row["ok"] and row["stored"] == sent[key] for key, row in rows.items())
     assert [row for row in report["delivery"] if row["store"] == "loki"] and all(r["ok"] for r in report["delivery"])
     # Read back independently of the simulator's counting: the store holds what the clients sent.
-    assert_holds(samples(store, "training_step_loss", "sim-vmrun1"), sent["training_step"], report)
-    assert_holds(samples(store, "system_cpu_percent", "sim-vmrun1"), sent["system"], report)
+    for metric, key in (("training_step_loss", "training_step"), ("system_cpu_percent", "system")):
+        assert_holds(samples(store, metric, "sim-vmrun1", at_least=sent[key]), sent[key], report)
 
 
 def test_points_the_store_does_not_hold_are_reported_lost(
