@@ -12,15 +12,23 @@ Nothing here needs the network or a Docker engine.
 
 from __future__ import annotations
 
+import base64
+import http.client
 import json
 import os
 import re
 import shutil
+import ssl
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import yaml
+from servers import free_port, require_binary, victoria_metrics
+
+from telemetry_client.metrics import MetricsLogger
+from telemetry_client.shipping import BufferSettings
 
 REPO = Path(__file__).resolve().parents[1]
 ROLE = REPO / "ansible" / "roles" / "victoriametrics"
@@ -124,3 +132,258 @@ def test_a_changed_replication_factor_recreates_vminsert_and_vmselect_only(tmp_p
         "-replicationFactor=3"
         in (tmp_path / "root" / "vm-1" / "opt/telemetry/victoriametrics/vminsert.compose.yml").read_text()
     )
+
+
+# --- the proxy's write route, run by a real Caddy in front of a real VictoriaMetrics ---
+#
+# Debian's caddy (2.6) serves the Caddyfile the reverse_proxy role renders for
+# metrics_backend victoriametrics (single node), on loopback with a certificate
+# made here, in front of Debian's victoria-metrics (1.79.5), which accepts
+# InfluxDB's /api/v2/write as the single node's image does. Nodes write with
+# MetricsLogger exactly as in production: https URL, "Authorization: Token <token>".
+# Two role variables differ from a deployment: the configuration directory is the
+# rendered one, and Caddy 2.6 still calls the directive "basicauth".
+
+METRICS_DOMAIN = "localhost"
+
+
+def _certificate(tmp_path: Path) -> tuple[Path, Path]:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    _assert_ok(
+        _run(
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                f"/CN={METRICS_DOMAIN}",
+                "-addext",
+                f"subjectAltName=DNS:{METRICS_DOMAIN}",
+                "-keyout",
+                str(key),
+                "-out",
+                str(cert),
+            ]
+        )
+    )
+    return cert, key
+
+
+class MetricsProxy:
+    """The reverse_proxy role rendered for VictoriaMetrics, and the ports Caddy serves it on."""
+
+    def __init__(self, tmp_path: Path, upstreams: list[str], mode: str = "single"):
+        self.tmp = tmp_path
+        self.root = tmp_path / "root"
+        self.dir = self.root / "opt" / "telemetry" / "reverse_proxy"
+        self.conf = self.dir / "conf"
+        self.https_port, self.http_port, self.admin_port = free_port(), free_port(), free_port()
+        self.upstreams = upstreams
+        self.mode = mode
+        self.cert, self.key = _certificate(tmp_path)
+        self.server: subprocess.Popen | None = None
+
+    def converge(self, nodes: list[str]) -> None:
+        playbook = self.tmp / "proxy.yml"
+        playbook.write_text(
+            "- name: Render the reverse proxy\n  hosts: localhost\n  gather_facts: false\n"
+            "  roles:\n    - role: reverse_proxy\n"
+        )
+        variables = {
+            "telemetry_render_only": True,
+            "telemetry_root": str(self.root),
+            "telemetry_nodes": nodes,
+            "metrics_backend": "victoriametrics",
+            "victoriametrics_mode": self.mode,
+            "reverse_proxy_victoriametrics_upstreams": self.upstreams,
+            "reverse_proxy_image": "caddy:not-pulled-in-render-only-mode",
+            "reverse_proxy_tls_mode": "files",
+            "reverse_proxy_tls_certificate": self.cert.read_text(),
+            "reverse_proxy_tls_private_key": self.key.read_text(),
+            "reverse_proxy_influxdb_domain": METRICS_DOMAIN,
+            "reverse_proxy_config_mount": str(self.conf),
+            "reverse_proxy_admin_address": f"localhost:{self.admin_port}",
+            "reverse_proxy_listen_http_port": self.http_port,
+            "reverse_proxy_listen_https_port": self.https_port,
+            "reverse_proxy_basic_auth_directive": "basicauth",
+        }
+        extra = self.tmp / "proxy-vars.json"
+        extra.write_text(json.dumps(variables))
+        extra.chmod(0o600)
+        _assert_ok(
+            _run(
+                [
+                    "ansible-playbook",
+                    "-i",
+                    "localhost,",
+                    "-c",
+                    "local",
+                    "-e",
+                    "ansible_python_interpreter={{ ansible_playbook_python }}",
+                    "-e",
+                    f"@{extra}",
+                    str(playbook),
+                ]
+            )
+        )
+
+    @property
+    def caddyfile(self) -> Path:
+        return self.conf / "Caddyfile"
+
+    def _caddy_env(self) -> dict[str, str]:
+        return dict(
+            os.environ,
+            HOME=str(self.tmp),
+            XDG_DATA_HOME=str(self.tmp / "xdg-data"),
+            XDG_CONFIG_HOME=str(self.tmp / "xdg-config"),
+        )
+
+    def start(self) -> None:
+        caddy = require_binary("caddy")
+        self.log = (self.tmp / "caddy.log").open("w")
+        self.server = subprocess.Popen(
+            [caddy, "run", "--config", str(self.caddyfile), "--adapter", "caddyfile"],
+            env=self._caddy_env(),
+            stdout=self.log,
+            stderr=self.log,
+        )
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                self.request("GET", "/health")
+                return
+            except OSError:
+                assert self.server.poll() is None, (self.tmp / "caddy.log").read_text()[-OUTPUT_TAIL:]
+                assert time.monotonic() < deadline, (self.tmp / "caddy.log").read_text()[-OUTPUT_TAIL:]
+                time.sleep(0.5)
+
+    def reload(self) -> None:
+        """The role's reload handler, as it runs inside the container."""
+        handlers = yaml.safe_load((REPO / "ansible/roles/reverse_proxy/handlers/main.yml").read_text())
+        [handler] = [h for h in handlers if h["name"] == "Reload caddy"]
+        argv = [
+            arg.replace("{{ reverse_proxy_config_mount }}", str(self.conf))
+            for arg in handler["community.docker.docker_container_exec"]["argv"]
+        ]
+        result = subprocess.run(argv, env=self._caddy_env(), capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.terminate()
+            self.server.wait(timeout=60)
+            self.log.close()
+
+    def url(self) -> str:
+        return f"https://{METRICS_DOMAIN}:{self.https_port}"
+
+    def token(self, node: str) -> str:
+        """What `make node-credentials` hands the node as INFLUXDB_TOKEN."""
+        password = (self.dir / "secrets" / "nodes" / f"{node}.metrics-password").read_text().strip()
+        return base64.b64encode(f"{node}:{password}".encode()).decode()
+
+    def request(self, method: str, path: str, headers: dict | None = None, body: bytes = b"") -> tuple[int, bytes]:
+        context = ssl.create_default_context(cafile=str(self.cert))
+        conn = http.client.HTTPSConnection(METRICS_DOMAIN, self.https_port, context=context, timeout=30)
+        try:
+            conn.request(method, path, body=body or None, headers=headers or {})
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
+
+
+def _logger(proxy: MetricsProxy, token: str, uid: str) -> MetricsLogger:
+    return MetricsLogger(
+        url=proxy.url(),
+        token=token,
+        org="tplr",
+        database="tplr",
+        uid=uid,
+        role="miner",
+        ca_certs=str(proxy.cert),
+        buffer=BufferSettings(flush_interval=0.05),
+        self_metrics_interval=None,
+        system_metrics_interval=0,
+    )
+
+
+def _samples(server, name: str, uid: str, expected: int, timeout: float = 60.0) -> list[float]:
+    deadline = time.monotonic() + timeout
+    while True:
+        series = server.wait_for_series(f'{name}{{uid="{uid}"}}', 1, timeout=5)
+        values = sorted(v for s in series for v in s["values"])
+        if len(values) >= expected or time.monotonic() > deadline:
+            return values
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(900)
+def test_node_writes_reach_victoriametrics_through_caddy_and_a_revoked_node_gets_401(tmp_path):
+    with victoria_metrics() as server:
+        upstream = server.url.removeprefix("http://")
+        proxy = MetricsProxy(tmp_path, [upstream])
+        proxy.converge(["miner-01", "validator-01"])
+        caddyfile = proxy.caddyfile.read_text()
+        assert proxy.caddyfile.stat().st_mode & 0o777 == 0o600
+        for node in ("miner-01", "validator-01"):
+            secret = proxy.dir / "secrets" / "nodes" / f"{node}.metrics-password"
+            assert secret.stat().st_mode & 0o777 == 0o600
+            # Only the bcrypt hash is in the Caddyfile, never the password or the token.
+            assert secret.read_text().strip() not in caddyfile
+            assert proxy.token(node) not in caddyfile
+            assert re.search(rf"(?m)^\t+{re.escape(node)} \$2b\$12\$", caddyfile), node
+        assert "/insert/" not in caddyfile  # the single node takes /api/v2/write as it is
+        proxy.start()
+        try:
+            miner, validator = proxy.token("miner-01"), proxy.token("validator-01")
+            # MetricsLogger, as a node runs it, with its own token.
+            now = time.time_ns()
+            with _logger(proxy, miner, "m1") as logger:
+                for step in range(20):
+                    logger.log("training_step", fields={"loss": step / 4}, timestamp=now + step * 1_000_000)
+                assert logger.flush(30) == 0
+                assert logger.stats()["sent"] == 20, logger.stats()
+            assert _samples(server, "training_step_loss", "m1", 20) == [step / 4 for step in range(20)]
+
+            line = b"training_step,uid=x loss=1"
+            write = "/api/v2/write?org=tplr&bucket=tplr&precision=ns"
+            assert proxy.request("POST", write, body=line)[0] == 401
+            assert proxy.request("POST", write, {"Authorization": "Token " + miner + "x"}, line)[0] == 401
+            # One node's password under another node's name is refused.
+            swapped = base64.b64encode(b"miner-01:" + base64.b64decode(validator).split(b":", 1)[1]).decode()
+            assert proxy.request("POST", write, {"Authorization": "Token " + swapped}, line)[0] == 401
+            assert proxy.request("POST", write, {"Authorization": "Token " + validator}, line)[0] == 204
+            # Only writes and health are exposed: VictoriaMetrics' query and admin API are not.
+            assert proxy.request("GET", "/health")[0] == 200
+            assert proxy.request("GET", "/ping")[0] == 200
+            assert proxy.request("GET", "/api/v1/query?query=up")[0] == 404
+            assert proxy.request("GET", "/api/v1/export?match[]=up", {"Authorization": "Token " + miner})[0] == 404
+
+            # Revoke miner-01: one run rewrites the Caddyfile and deletes its password;
+            # the handler's reload applies it.
+            proxy.converge(["validator-01"])
+            assert not (proxy.dir / "secrets" / "nodes" / "miner-01.metrics-password").exists()
+            proxy.reload()
+            assert proxy.request("POST", write, {"Authorization": "Token " + miner}, line)[0] == 401
+            with _logger(proxy, miner, "m2") as revoked:
+                revoked.log("training_step", fields={"loss": 1.0})
+                revoked.flush(10)
+                stats = revoked.stats()
+            assert stats["sent"] == 0, stats
+            with _logger(proxy, validator, "v1") as logger:
+                logger.log("training_step", fields={"loss": 2.5})
+                assert logger.flush(30) == 0
+            assert _samples(server, "training_step_loss", "v1", 1) == [2.5]
+            server.flush()
+            assert server.export('training_step_loss{uid="m2"}') == []
+        finally:
+            proxy.stop()
