@@ -17,8 +17,10 @@ import http.client
 import json
 import os
 import re
+import secrets
 import shutil
 import ssl
+import string
 import subprocess
 import time
 from pathlib import Path
@@ -387,3 +389,250 @@ def test_node_writes_reach_victoriametrics_through_caddy_and_a_revoked_node_gets
             assert server.export('training_step_loss{uid="m2"}') == []
         finally:
             proxy.stop()
+
+
+# --- the whole playbook with the cluster ----------------------------------------------
+#
+# site.yml rendered (render-only mode, no Docker) with the production inventory
+# plus two more hosts: vmstorage and vminsert on all three, vmselect on two of
+# them; every host renders into its own root. The addresses are never contacted.
+
+CLUSTER = {"metrics_prod": "10.0.0.20", "vm_b": "10.0.0.21", "vm_c": "10.0.0.22"}
+SELECT = ["metrics_prod", "vm_b"]
+PROXY_HOST = "grafana_prod"
+GENERATED = [
+    "grafana/provisioning-victoriametrics",
+    "grafana/dashboards-victoriametrics",
+    "grafana/alerting-victoriametrics",
+]
+
+
+def _generated_missing() -> list[str]:
+    return [path for path in GENERATED if not (REPO / path).is_dir()]
+
+
+def _vault_values() -> dict:
+    alphabet = "./" + string.ascii_letters + string.digits
+    return {
+        "vault_grafana_admin_password": secrets.token_urlsafe(24),
+        "vault_grafana_secret_key": secrets.token_urlsafe(32),
+        "vault_reverse_proxy_grafana_users": [
+            {"username": "operator", "password_hash": "$2b$12$" + "".join(secrets.choice(alphabet) for _ in range(53))}
+        ],
+    }
+
+
+@pytest.fixture(scope="module")
+def cluster_site(tmp_path_factory) -> Path:
+    missing = _generated_missing()
+    if missing:
+        pytest.skip(f"not generated in this checkout yet: {', '.join(missing)}")
+    tmp = tmp_path_factory.mktemp("vm-cluster")
+    root = tmp / "root"
+    hosts = {name: {"telemetry_root": str(root / name)} for name in [*CLUSTER, PROXY_HOST]}
+    for name in ("vm_b", "vm_c"):
+        hosts[name].update(telemetry_private_address=CLUSTER[name], ansible_host=CLUSTER[name])
+    extra_inventory = {
+        "all": {
+            "children": {
+                "telemetry": {
+                    "children": {
+                        "vmstorage": {"hosts": dict.fromkeys(CLUSTER)},
+                        "vmselect": {"hosts": dict.fromkeys(SELECT)},
+                    }
+                }
+            },
+            "hosts": hosts,
+        }
+    }
+    inventory = tmp / "cluster.yml"
+    inventory.write_text(yaml.safe_dump(extra_inventory))
+    values = {
+        **_vault_values(),
+        "metrics_backend": "victoriametrics",
+        "victoriametrics_mode": "cluster",
+        "telemetry_render_only": True,
+        "ansible_connection": "local",
+        "ansible_python_interpreter": "{{ ansible_playbook_python }}",
+    }
+    extra = tmp / "vars.json"
+    extra.write_text(json.dumps(values))
+    extra.chmod(0o600)
+    cmd = ["ansible-playbook", "site.yml", "-i", "inventory/prod/hosts.yml", "-i", str(inventory), "-e", f"@{extra}"]
+    first = _run(cmd)
+    _assert_ok(first)
+    second = _run(cmd)
+    _assert_ok(second)
+    changed = _recap_changed(second.stdout)
+    assert changed and not any(changed.values()), second.stdout[-OUTPUT_TAIL:]
+    return root
+
+
+def _recap_changed(output: str) -> dict[str, int]:
+    return {host: int(changed) for host, changed in re.findall(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)", output, re.M)}
+
+
+def _flags(root: Path, host: str, component: str) -> dict[str, str]:
+    path = root / host / "opt/telemetry/victoriametrics" / f"{component}.compose.yml"
+    command = yaml.safe_load(path.read_text())["services"][component]["command"]
+    return dict(flag.lstrip("-").split("=", 1) for flag in command)
+
+
+def _metrics_site(root: Path) -> str:
+    text = (root / PROXY_HOST / "opt/telemetry/reverse_proxy/conf/Caddyfile").read_text()
+    match = re.search(r"(?ms)^metrics\.example\.org \{\n(.*?)^\}$", text)
+    assert match, "no site block for metrics.example.org"
+    return match.group(1)
+
+
+# The first test to use the module's rendered site waits for two runs of site.yml.
+@pytest.mark.timeout(1800)
+def test_cluster_hosts_run_their_services_and_no_influxdb(cluster_site):
+    for host in CLUSTER:
+        rendered = sorted(p.name for p in (cluster_site / host / "opt/telemetry/victoriametrics").glob("*.compose.yml"))
+        expected = ["vminsert", "vmstorage"] + (["vmselect"] if host in SELECT else [])
+        assert rendered == sorted(f"{c}.compose.yml" for c in expected), host
+        nodes = _flags(cluster_site, host, "vminsert")["storageNode"].split(",")
+        assert sorted(nodes) == sorted(
+            "vmstorage:8400" if other == host else f"{other_address}:8400" for other, other_address in CLUSTER.items()
+        )
+        assert _flags(cluster_site, host, "vminsert")["replicationFactor"] == "2"
+        assert _flags(cluster_site, host, "vmstorage")["dedup.minScrapeInterval"] == "1ms"
+        assert _flags(cluster_site, host, "vmstorage")["retentionPeriod"] == "30d"
+        if host in SELECT:
+            assert _flags(cluster_site, host, "vmselect")["dedup.minScrapeInterval"] == "1ms"
+            assert len(_flags(cluster_site, host, "vmselect")["storageNode"].split(",")) == 3
+    assert not (cluster_site / "metrics_prod/opt/telemetry/influxdb").exists()
+
+
+@pytest.mark.timeout(1800)
+def test_proxy_checks_tokens_and_balances_writes_over_every_vminsert(cluster_site):
+    site = _metrics_site(cluster_site)
+    upstreams = " ".join(f"{address}:8480" for address in CLUSTER.values())
+    assert f"reverse_proxy {upstreams} {{" in site
+    # The cluster's InfluxDB endpoint is below /insert/<tenant>/influx (Cluster-VictoriaMetrics.md, "URL format").
+    assert "rewrite * /insert/0/influx{path}?{query}" in site
+    for line in ("lb_policy round_robin", "health_uri /health", "health_status 200", "header_up -Authorization"):
+        assert line in site, line
+    route = site.split("route {", 1)[1]
+    # Token to Basic, then the check, then the rewrite and the upstream: in this order.
+    order = [route.index(s) for s in ("request_header Authorization", "basic_auth {", "rewrite *", "reverse_proxy")]
+    assert order == sorted(order), route
+    nodes = yaml.safe_load((REPO / "inventory/prod/group_vars/all/nodes.yml").read_text())["telemetry_nodes"]
+    for node in nodes:
+        assert re.search(rf"(?m)^\t+{re.escape(node)} \$2b\$12\$", site), node
+
+
+@pytest.mark.timeout(1800)
+def test_caddy_adapts_the_cluster_route(cluster_site, tmp_path):
+    caddy = require_binary("caddy")
+    caddyfile = tmp_path / "Caddyfile"
+    text = (cluster_site / PROXY_HOST / "opt/telemetry/reverse_proxy/conf/Caddyfile").read_text()
+    caddyfile.write_text(text.replace("basic_auth {", "basicauth {"))  # Caddy 2.6 spelling
+    env = dict(os.environ, HOME=str(tmp_path), XDG_DATA_HOME=str(tmp_path / "d"), XDG_CONFIG_HOME=str(tmp_path / "c"))
+    result = subprocess.run(
+        [caddy, "adapt", "--adapter", "caddyfile", "--config", str(caddyfile)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    adapted = json.loads(result.stdout)
+    found = {"rewrite": [], "proxies": []}
+
+    def walk(node):
+        if isinstance(node, dict):
+            if node.get("handler") == "rewrite":
+                found["rewrite"].append(node.get("uri"))
+            if node.get("handler") == "reverse_proxy":
+                found["proxies"].append(node)
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(adapted)
+    assert "/insert/0/influx{http.request.uri.path}?{http.request.uri.query}" in found["rewrite"]
+    vminsert = [p for p in found["proxies"] if any(u["dial"] == "10.0.0.21:8480" for u in p["upstreams"])]
+    assert vminsert, found["proxies"]
+    for proxy in vminsert:
+        assert sorted(u["dial"] for u in proxy["upstreams"]) == sorted(f"{a}:8480" for a in CLUSTER.values())
+        assert proxy["health_checks"]["active"]["uri"] == "/health"
+        assert proxy["load_balancing"]["selection_policy"]["policy"] == "round_robin"
+
+
+@pytest.mark.timeout(1800)
+def test_firewall_admits_only_the_inventory_to_the_cluster_ports(cluster_site):
+    for host, address in CLUSTER.items():
+        # The firewall role renders each host below <telemetry_root>/<host>.
+        rules = (cluster_site / host / host / "opt/telemetry/firewall/docker-user.rules").read_text()
+        ports = [8400, 8401, 8480] + ([8481] if host in SELECT else [])
+        for port in ports:
+            assert f"--ctorigdst {address} --ctorigdstport {port} --ctdir ORIGINAL -j TELEMETRY-PRIVATE" in rules
+        if host not in SELECT:
+            assert "--ctorigdstport 8481" not in rules
+        # vmstorage's HTTP port (snapshots, deletes) is on loopback only: never published beyond it.
+        assert "8482" not in rules
+        allowed = re.findall(r"(?m)^-A TELEMETRY-PRIVATE -s (\S+) -j RETURN$", rules)
+        assert allowed == ["10.0.0.10/32", "10.0.0.20/32", "10.0.0.21/32", "10.0.0.22/32"]
+        assert rules.rstrip().endswith("-A TELEMETRY-PRIVATE -j DROP\nCOMMIT")
+
+
+@pytest.mark.timeout(1800)
+def test_grafana_reads_vmselect_with_the_victoriametrics_provisioning(cluster_site):
+    grafana = cluster_site / PROXY_HOST / "opt/telemetry/grafana"
+    service = yaml.safe_load((grafana / "container.compose.yml").read_text())["services"]["grafana"]
+    assert service["environment"]["VICTORIAMETRICS_URL"] == "http://10.0.0.20:8481/select/0/prometheus"
+    datasources = yaml.safe_load((grafana / "provisioning/datasources/datasources.yml").read_text())["datasources"]
+    [vm] = [d for d in datasources if d["uid"] == "victoriametrics"]
+    assert vm["type"] == "prometheus" and vm["url"] == "${VICTORIAMETRICS_URL}"
+    assert "influxdb" not in {d["uid"] for d in datasources}
+    deployed = sorted(p.name for p in (grafana / "dashboards").glob("*.json"))
+    assert deployed == sorted(p.name for p in (REPO / "grafana/dashboards-victoriametrics").glob("*.json"))
+    for name in deployed:
+        assert (grafana / "dashboards" / name).read_text() == (
+            REPO / "grafana/dashboards-victoriametrics" / name
+        ).read_text()
+    assert not (grafana / "secrets" / "influxdb_read_token").exists()
+
+
+@pytest.mark.timeout(1800)
+def test_site_check_diff_with_victoriametrics_changes_nothing(tmp_path):
+    """`ansible-playbook site.yml --check --diff` on the local inventory with the VictoriaMetrics backend."""
+    missing = _generated_missing()
+    if missing:
+        pytest.skip(f"not generated in this checkout yet: {', '.join(missing)}")
+    values = {**_vault_values(), "metrics_backend": "victoriametrics"}
+    extra = tmp_path / "vars.json"
+    extra.write_text(json.dumps(values))
+    extra.chmod(0o600)
+    root = tmp_path / "root"
+    cmd = [
+        "ansible-playbook",
+        "site.yml",
+        "-i",
+        "inventory/local",
+        "-e",
+        "telemetry_render_only=true",
+        "-e",
+        f"telemetry_root={root}",
+        "-e",
+        f"@{extra}",
+    ]
+    _assert_ok(_run(cmd))
+    base = root / "opt/telemetry"
+    assert (base / "victoriametrics/victoriametrics.compose.yml").is_file()
+    assert not (base / "influxdb").exists()
+    check = _run([*cmd, "--check", "--diff"], env=_env(ANSIBLE_CHECK_MODE_MARKERS="1"))
+    _assert_ok(check)
+    output = check.stdout + check.stderr
+    assert "Check the disk space of the data stores" in output, "the run did not reach the last play"
+    changed = _recap_changed(check.stdout)
+    assert changed and not any(changed.values()), check.stdout[-OUTPUT_TAIL:]
+    for node in yaml.safe_load((REPO / "inventory/local/group_vars/all/nodes.yml").read_text())["telemetry_nodes"]:
+        password = (base / "reverse_proxy/secrets/nodes" / f"{node}.metrics-password").read_text()
+        assert password not in output, f"{node}'s metrics password appears in the --check --diff output"
+    for value in (values["vault_grafana_admin_password"], values["vault_grafana_secret_key"]):
+        assert value not in output
