@@ -636,3 +636,60 @@ def test_site_check_diff_with_victoriametrics_changes_nothing(tmp_path):
         assert password not in output, f"{node}'s metrics password appears in the --check --diff output"
     for value in (values["vault_grafana_admin_password"], values["vault_grafana_secret_key"]):
         assert value not in output
+
+
+@pytest.mark.timeout(900)
+def test_node_credentials_hand_out_the_metrics_token_and_rotate_forgets_it(tmp_path):
+    """`make node-credentials` / `node-rotate` (ansible/nodes.yml) with the VictoriaMetrics backend."""
+    inventory = tmp_path / "inventory" / "prod"
+    shutil.copytree(REPO / "inventory" / "prod", inventory)
+    root = tmp_path / "root"
+    local = [
+        "-e",
+        f"telemetry_root={root}",
+        "-e",
+        "ansible_connection=local",
+        "-e",
+        "ansible_become=false",
+        "-e",
+        "ansible_python_interpreter={{ ansible_playbook_python }}",
+        "-e",
+        "metrics_backend=victoriametrics",
+    ]
+    node = yaml.safe_load((inventory / "group_vars/all/nodes.yml").read_text())["telemetry_nodes"][0]
+    nodes_dir = root / "opt/telemetry/reverse_proxy/secrets/nodes"
+    nodes_dir.mkdir(parents=True)
+    password, push = secrets.token_urlsafe(30), secrets.token_urlsafe(30)
+    (nodes_dir / f"{node}.metrics-password").write_text(password)
+    (nodes_dir / f"{node}.loki-password").write_text(push)
+
+    def play(action: str, *extra: str) -> subprocess.CompletedProcess:
+        return _run(
+            [
+                "ansible-playbook",
+                "-i",
+                str(inventory / "hosts.yml"),
+                "ansible/nodes.yml",
+                "-e",
+                f"node={node}",
+                "-e",
+                f"node_action={action}",
+                *local,
+                *extra,
+            ]
+        )
+
+    env_dir = tmp_path / "env"
+    _assert_ok(play("credentials", "-e", f"node_env_dir={env_dir}"))
+    env_file = env_dir / f"{node}.env"
+    assert env_file.stat().st_mode & 0o777 == 0o600
+    env = dict(line.split("=", 1) for line in env_file.read_text().splitlines() if not line.startswith("#"))
+    assert env["INFLUXDB_URL"] == "https://metrics.example.org"
+    # What Caddy reads as Basic credentials: the node's name and its metrics password.
+    assert base64.b64decode(env["INFLUXDB_TOKEN"]).decode() == f"{node}:{password}"
+    assert env["LOKI_USERNAME"] == node and env["LOKI_PASSWORD"] == push
+    assert not (root / "opt/telemetry/influxdb").exists()
+
+    _assert_ok(play("rotate"))
+    assert not (nodes_dir / f"{node}.metrics-password").exists()
+    assert not (nodes_dir / f"{node}.loki-password").exists()
