@@ -524,6 +524,24 @@ def test_proxy_checks_tokens_and_balances_writes_over_every_vminsert(cluster_sit
 
 
 @pytest.mark.timeout(1800)
+def test_proxy_balances_grafanas_reads_over_the_vmselect_hosts(cluster_site):
+    text = (cluster_site / PROXY_HOST / "opt/telemetry/reverse_proxy/conf/Caddyfile").read_text()
+    match = re.search(r"(?ms)^http://:8491 \{\n(.*?)^\}$", text)
+    assert match, "no internal read route"
+    route = match.group(1)
+    assert "path /select/0/prometheus/api/v1/*" in route
+    assert "method GET POST" in route
+    assert f"reverse_proxy {' '.join(CLUSTER[h] + ':8481' for h in SELECT)} {{" in route
+    for line in ("lb_policy round_robin", "health_uri /health", "health_status 200", "respond 404"):
+        assert line in route, line
+    # Internal only: the proxy publishes 80 and 443, nothing else.
+    compose = yaml.safe_load(
+        (cluster_site / PROXY_HOST / "opt/telemetry/reverse_proxy/container.compose.yml").read_text()
+    )
+    assert [port.rsplit(":", 1)[1] for port in compose["services"]["caddy"]["ports"]] == ["80", "443"]
+
+
+@pytest.mark.timeout(1800)
 def test_caddy_adapts_the_cluster_route(cluster_site, tmp_path):
     caddy = require_binary("caddy")
     caddyfile = tmp_path / "Caddyfile"
@@ -561,6 +579,10 @@ def test_caddy_adapts_the_cluster_route(cluster_site, tmp_path):
         assert sorted(u["dial"] for u in proxy["upstreams"]) == sorted(f"{a}:8480" for a in CLUSTER.values())
         assert proxy["health_checks"]["active"]["uri"] == "/health"
         assert proxy["load_balancing"]["selection_policy"]["policy"] == "round_robin"
+    vmselect = [p for p in found["proxies"] if any(u["dial"].endswith(":8481") for u in p["upstreams"])]
+    assert len(vmselect) == 1, found["proxies"]
+    assert sorted(u["dial"] for u in vmselect[0]["upstreams"]) == sorted(f"{CLUSTER[h]}:8481" for h in SELECT)
+    assert vmselect[0]["health_checks"]["active"]["uri"] == "/health"
 
 
 @pytest.mark.timeout(1800)
@@ -584,7 +606,8 @@ def test_firewall_admits_only_the_inventory_to_the_cluster_ports(cluster_site):
 def test_grafana_reads_vmselect_with_the_victoriametrics_provisioning(cluster_site):
     grafana = cluster_site / PROXY_HOST / "opt/telemetry/grafana"
     service = yaml.safe_load((grafana / "container.compose.yml").read_text())["services"]["grafana"]
-    assert service["environment"]["VICTORIAMETRICS_URL"] == "http://10.0.0.20:8481/select/0/prometheus"
+    # Two vmselect hosts and the proxy on Grafana's host: reads go through its balancing route.
+    assert service["environment"]["VICTORIAMETRICS_URL"] == "http://caddy:8491/select/0/prometheus"
     datasources = yaml.safe_load((grafana / "provisioning/datasources/datasources.yml").read_text())["datasources"]
     [vm] = [d for d in datasources if d["uid"] == "victoriametrics"]
     assert vm["type"] == "prometheus" and vm["url"] == "${VICTORIAMETRICS_URL}"
