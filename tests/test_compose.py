@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shutil
 import stat
 import subprocess
@@ -34,13 +35,15 @@ BACKEND_FILES = {
     "victoriametrics": COMPOSE / "docker-compose.victoriametrics.yml",
 }
 STACK = COMPOSE / "stack.sh"
-# The secret files stack.sh writes into compose/secrets/ (STACK_SECRETS_DIR).
-SECRETS = {
-    "influxdb_admin_password": "test-password-influx",
-    "influxdb_admin_token": "test-token-admin",
-    "grafana_admin_password": "test-password-grafana",
-    "victoriametrics_node_token": os.urandom(12).hex(),  # made per run: no credential in the repository
-}
+# The secret files stack.sh writes into compose/secrets/, with values made for each
+# run (no credential is kept in the repository, not even a test's).
+SECRET_NAMES = (
+    "influxdb_admin_password",
+    "influxdb_admin_token",
+    "grafana_admin_password",
+    "victoriametrics_node_token",
+)
+SECRETS = {name: secrets.token_hex(12) for name in SECRET_NAMES}
 # vmauth's configuration, which stack.sh renders from victoriametrics_node_token.
 RENDERED_SECRETS = {"vmauth_config": "users: []\n"}
 # Secrets the operator may fill in; stack.sh creates them empty.
