@@ -343,34 +343,41 @@ def _changed_tasks(output: str) -> list[str]:
 
 
 @pytest.mark.timeout(900)
-def test_site_check_reports_what_a_new_node_would_get(tmp_path, test_secrets):
+@pytest.mark.parametrize("backend", ["influxdb", "victoriametrics"])
+def test_site_check_reports_what_a_new_node_would_get(tmp_path, test_secrets, backend):
     """`make node-add` lists a node; `site.yml --check --diff` before the deploy reports
-    the node's password and push user as changes, and writes nothing."""
+    the node's passwords and users as changes, and writes nothing."""
     inventory = tmp_path / "inventory"
     shutil.copytree(REPO / "inventory" / "local", inventory)
     root = tmp_path / "root"
-    cmd = ["ansible-playbook", "site.yml", "-i", str(inventory), *_render_args(root, ["-e", f"@{test_secrets}"])]
+    extra = ["-e", f"@{test_secrets}", "-e", f"metrics_backend={backend}"]
+    cmd = ["ansible-playbook", "site.yml", "-i", str(inventory), *_render_args(root, extra)]
     _assert_ok(_run(cmd))
     _assert_ok(_nodes_play(inventory, "miner-99", "add"))
-    caddyfile = root / "opt" / "telemetry" / "reverse_proxy" / "conf" / "Caddyfile"
-    before = caddyfile.read_text()
+    conf = root / "opt" / "telemetry" / "reverse_proxy" / "conf"
+    before = {path: path.read_text() for path in conf.rglob("*") if path.is_file()}
+    kinds = ["loki", "metrics"] if backend == "victoriametrics" else ["loki"]
 
     check = _run([*cmd, "--check", "--diff"])
     _assert_ok(check)
     assert "Check the disk space of the data stores" in check.stdout, "the run did not reach the last play"
     assert _changed_tasks(check.stdout) == [
-        "reverse_proxy : Give each new node a push password (kept on this host, mode 0600)",
+        "reverse_proxy : Give each new node a password (kept on this host, mode 0600)",
         "reverse_proxy : Write the Caddyfile (checked by Caddy itself before it is used)",
     ], check.stdout[-OUTPUT_TAIL:]
     nodes_dir = root / "opt" / "telemetry" / "reverse_proxy" / "secrets" / "nodes"
-    assert not (nodes_dir / "miner-99.loki-password").exists()
-    assert caddyfile.read_text() == before
+    for kind in kinds:
+        assert not (nodes_dir / f"miner-99.{kind}-password").exists()
+    assert {path: path.read_text() for path in conf.rglob("*") if path.is_file()} == before
 
     # The deploy then does what --check reported.
     deploy = _run(cmd)
     _assert_ok(deploy)
-    assert (nodes_dir / "miner-99.loki-password").stat().st_mode & 0o777 == 0o600
-    assert re.search(r"(?m)^\t\t\tminer-99 \$2b\$12\$", caddyfile.read_text())
+    for kind in kinds:
+        assert (nodes_dir / f"miner-99.{kind}-password").stat().st_mode & 0o777 == 0o600
+    caddy_config = "".join(path.read_text() for path in conf.rglob("*") if path.is_file())
+    users = re.findall(r"(?m)^\t+miner-99 \$2b\$12\$", caddy_config)
+    assert len(users) == len(kinds), caddy_config
 
 
 # --- molecule: docker scenarios (real containers) ---------------------------------
