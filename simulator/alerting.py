@@ -24,11 +24,13 @@ import math
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 import yaml
 
+from simulator import dashboards as dash
 from simulator import expressions as ex
 from simulator.faults import ActiveFault
 
@@ -209,9 +211,9 @@ def run_query(
             return None
         if not model.get("instant"):
             raise ex.ExpressionError(f"{model.get('refId')}: only instant Prometheus queries are modelled")
-        # $__range is the query's window in whole seconds (pkg/promlib/models/query.go interpolateVariables).
-        expr = model["expr"].replace("${__range}", "$__range")
-        expr = expr.replace("$__range", f"{max(1, round((end - start) / 1000))}s")
+        # The macros as Grafana's Prometheus backend fills them in ($__range: the query's window).
+        window = dash.TimeRange(datetime.fromtimestamp(start / 1000, UTC), datetime.fromtimestamp(end / 1000, UTC))
+        expr = dash.expand_metricsql(model["expr"], window)
         return prometheus_results(prometheus.instant(expr, end), end)
     raise ex.ExpressionError(f"unknown data source {query['datasourceUid']}")
 

@@ -45,10 +45,7 @@ DATASOURCE_TYPES = ("influxdb", "prometheus", "loki")
 METRICS_BACKENDS = ("influxdb", "victoriametrics")
 # The Grafana data source type each backend's dashboards and rules query.
 METRICS_DATASOURCE = {"influxdb": "influxdb", "victoriametrics": "prometheus"}
-DASHBOARD_DIRS = {
-    "influxdb": dash.GRAFANA_DIR / "dashboards",
-    "victoriametrics": dash.GRAFANA_DIR / "dashboards-victoriametrics",
-}
+DASHBOARD_DIRS = {"influxdb": dash.DASHBOARDS_DIR, "victoriametrics": dash.VICTORIAMETRICS_DASHBOARDS_DIR}
 # Stores make writes visible after a moment; this is how long a missing count is re-checked.
 DEFAULT_SETTLE = 5.0
 
@@ -710,8 +707,6 @@ def evaluate_alerts(
             sources[kind] = None
     if "loki" not in selected or not stack.loki_url:
         sources["loki"] = None
-    if stack.backend != "influxdb" and not args.alerting.is_dir():
-        return []  # no rule set generated for this backend
     try:
         rules = al.load_rules(al.run_settings(fleet.load_seconds, args.window_seconds), args.alerting)
     except (OSError, ValueError, KeyError) as exc:

@@ -499,17 +499,15 @@ def expand_logql(
 # source in grafana/provisioning-victoriametrics/): the floor of Grafana's interval and the
 # base of $__rate_interval.
 PROMETHEUS_SCRAPE_INTERVAL = timedelta(seconds=10)
-_PROMETHEUS_SPECIAL = re.compile(r"([$^*{}\[\]+?.()|])")
 _LABEL_VALUES = re.compile(r"^\s*label_values\((?:(.+),\s*)?([a-zA-Z_$][a-zA-Z0-9_]*)\)\s*$", re.DOTALL)
 
 
-def prometheus_regex_escape(value: str) -> str:
-    """prometheusSpecialRegexEscape, the classic behaviour (grafana/grafana
-    packages/grafana-prometheus/src/escaping.ts; the feature toggle
-    prometheusSpecialCharsInLabelValues is off by default): a backslash becomes four,
-    each of `$^*{}[]+?.()|` gets two backslashes in front (a `"` is left alone)."""
-    value = value.replace("\\", "\\\\\\\\")
-    return _PROMETHEUS_SPECIAL.sub(lambda m: "\\\\" + m.group(1), value)
+# prometheusSpecialRegexEscape, the classic behaviour (grafana/grafana
+# packages/grafana-prometheus/src/escaping.ts; the feature toggle
+# prometheusSpecialCharsInLabelValues is off by default): a backslash becomes four,
+# each of `$^*{}[]+?.()|` gets two backslashes in front (a `"` is left alone). That
+# is the Loki data source's rule too.
+prometheus_regex_escape = loki_regex_escape
 
 
 def prometheus_plain_escape(value: str) -> str:
