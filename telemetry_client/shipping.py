@@ -425,12 +425,11 @@ class Channel:
             if response is not None and response.status < 500 and response.status not in RETRYABLE_STATUS:
                 return self._rejected(batch, response)
             refill = None
-            items = self._items_of(batch) if response is not None and response.status == TOO_MANY_REQUESTS else []
-            if items:
+            if response is not None and response.status == TOO_MANY_REQUESTS and batch.count:
                 batch.throttled += 1
-                if self._stored_despite_throttle(batch, items, response):
+                if self._stored_despite_throttle(batch, response):
                     return False
-                handled, refill = self._throttled(batch, items, response)
+                handled, refill = self._throttled(batch, response)
                 if handled:
                     return False
             self._schedule_retry(response, error, refill)
@@ -503,19 +502,21 @@ class Channel:
             self._seal(_Batch(resend, sum(i[1] for i in resend), batch.created), append=False)
         return True
 
-    def _stored_despite_throttle(self, batch: _Batch, items: list[Item], response: Response) -> bool:
+    def _stored_despite_throttle(self, batch: _Batch, response: Response) -> bool:
         """A 429 after which the server kept part of the batch (the sink's `on_throttled` says which).
 
         The stored items are counted sent; the others are sealed again, first in line,
         and retried after a short backoff. True when that happened.
         """
         describe = getattr(self.sink, "on_throttled", None)
-        verdict = None
-        if describe is not None:
-            try:
-                verdict = describe(items, response)
-            except Exception:
-                warn.warning(f"{self.sink.name}:on_throttled", "%s: on_throttled failed", self.sink.name, exc_info=True)
+        items = self._items_of(batch) if describe is not None else []  # rebuilt only for a sink that asks
+        if not items:
+            return False
+        try:
+            verdict = describe(items, response)
+        except Exception:
+            warn.warning(f"{self.sink.name}:on_throttled", "%s: on_throttled failed", self.sink.name, exc_info=True)
+            return False
         if verdict is None or not verdict.stored:
             return False
         self._pop_oldest()
@@ -530,7 +531,7 @@ class Channel:
         self._schedule_retry(response, None)
         return True
 
-    def _throttled(self, batch: _Batch, items: list[Item], response: Response) -> tuple[bool, float | None]:
+    def _throttled(self, batch: _Batch, response: Response) -> tuple[bool, float | None]:
         """A batch answered 429 again: halve it (it may exceed the server's burst), or drop a lone item that never fits.
 
         A rate limiter refuses a request larger than its burst forever, and Loki's
@@ -547,7 +548,9 @@ class Channel:
             with contextlib.suppress(Exception):
                 reason, limit = describe(response)
         message = response.body[:300].decode("utf-8", "replace").strip()
-        if batch.count > 1 and batch.throttled >= SPLIT_AFTER_429S:
+        # The items are needed (rebuilt from the body for a sink that keeps only that) only to split.
+        items = self._items_of(batch) if batch.count > 1 and batch.throttled >= SPLIT_AFTER_429S else []
+        if items:
             self._pop_oldest()
             half = batch.count // 2
             for part in (items[half:], items[:half]):  # the first half ends up first
@@ -565,7 +568,7 @@ class Channel:
                 message,
             )
             return True, None
-        size = items[0][1]
+        size = batch.nbytes  # the lone item's size when the batch holds one
         if batch.count == 1 and batch.throttled >= GIVE_UP_AFTER_429S and limit is not None and size > limit:
             self._pop_oldest()
             self._drop(reason)

@@ -173,14 +173,14 @@ def test_fork_pool_workers_deliver(influx_db, tmp_path):
     assert stored(server, database) == {f"task{k}": 500 for k in range(8)}
 
 
-@pytest.mark.parametrize("flush_in_task", [False, True], ids=["lost", "flushed-by-the-task"])
-def test_leaving_a_with_pool_block_terminates_workers_so_only_tasks_that_flush_deliver(
-    influx_db, tmp_path, flush_in_task
-):
-    """`Pool.__exit__` calls terminate(): SIGTERM's default action ends the workers with their buffers.
+def test_tasks_that_flush_deliver_even_when_a_with_pool_block_terminates_the_workers(influx_db, tmp_path):
+    """`Pool.__exit__` calls terminate(): SIGTERM's default action may end the workers with their buffers.
 
     A task that calls `logger.flush()` before returning has delivered its points
     before its result reaches the parent, so terminate() finds nothing to lose.
+    (Without the flush, how much is lost depends on scheduling: terminate() first
+    asks the idle workers to stop, and a worker that gets the request in time runs
+    its exit drain; so that case is not asserted here.)
     """
     server, database = influx_db
     body = f"""
@@ -188,8 +188,7 @@ def test_leaving_a_with_pool_block_terminates_workers_so_only_tasks_that_flush_d
 
     def work(k):
         log_points(logger, f"task{{k}}", 500)
-        if {flush_in_task}:
-            logger.flush(30)
+        logger.flush(30)
 
     if __name__ == "__main__":
         with mp.get_context("fork").Pool(2) as pool:
@@ -197,7 +196,7 @@ def test_leaving_a_with_pool_block_terminates_workers_so_only_tasks_that_flush_d
     """
     status, _, err = finish(run_child(tmp_path, body, server.url, database))
     assert status == 0, err
-    assert stored(server, database) == ({f"task{k}": 500 for k in range(8)} if flush_in_task else {})
+    assert stored(server, database) == {f"task{k}": 500 for k in range(8)}
 
 
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
