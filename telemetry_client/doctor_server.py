@@ -254,6 +254,16 @@ def _server_name(result: Probe) -> str:
     return f"the server (answering as InfluxDB {version})" if version else "the server"
 
 
+def credential_refused(status: int | None, body: bytes | None) -> bool:
+    """A server's answer that refuses the credential: 401 or 403, or vmauth's 400.
+
+    vmauth in front of VictoriaMetrics refuses an unknown token with 401, or up to
+    1.79 with 400 "cannot find the provided auth token" (VictoriaMetrics
+    app/vmauth/main.go).
+    """
+    return status in (401, 403) or (status == 400 and b"cannot find the provided auth token" in (body or b""))
+
+
 def influx_authorisation(endpoint: Endpoint, result: Probe, timeout: float = 5.0) -> Check | None:
     """Read InfluxDB's answer to an empty write (see the module docstring for each server's answers).
 
@@ -285,10 +295,7 @@ def influx_authorisation(endpoint: Endpoint, result: Probe, timeout: float = 5.0
         bogus = "Token not-a-real-token" if endpoint.api_version == 2 else "Basic bm90LWEtdXNlcjpub3QtYS1wYXNzd29yZA=="
         control = authorisation_probe(Endpoint(**{**endpoint.__dict__, "headers": {"Authorization": bogus}}), timeout)
         details["unknown_credential_status"] = control.status
-        # vmauth in front of VictoriaMetrics refuses an unknown token with 401, or with 400
-        # "cannot find the provided auth token" up to 1.79 (VictoriaMetrics app/vmauth/main.go).
-        refused_by_vmauth = control.status == 400 and b"cannot find the provided auth token" in (control.body or b"")
-        if control.status in (401, 403) or refused_by_vmauth:
+        if credential_refused(control.status, control.body):
             return ok(
                 name,
                 f"{server} checked these credentials and allows them to write to {target} (204 to an empty "

@@ -12,7 +12,7 @@ write permission is proved by an empty write (see doctor_server).
 With METRICS_BACKEND=victoriametrics the metrics store is VictoriaMetrics behind
 vmauth (compose/docker-compose.victoriametrics.yml): the checks read the
 `-victoriametrics` twins of grafana/provisioning, dashboards and alerting, the node
-token may write but neither query nor delete, and there is no read token to check
+token may write but not query, and there is no read token to check
 (Grafana queries VictoriaMetrics on the stack's own network).
 """
 
@@ -28,6 +28,7 @@ from typing import Any
 
 from telemetry_client.doctor_net import Probe, probe
 from telemetry_client.doctor_report import Check, Status, describe_secret, fail, ok, warn
+from telemetry_client.doctor_server import credential_refused
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 
@@ -316,7 +317,7 @@ def may_write(settings: StackSettings, headers: dict[str, str]) -> tuple[bool | 
     said = f"{result.status} {result.text(120)!r}"
     if result.status == 204 or (result.status == 400 and b"writing requires points" in result.body):
         return True, said
-    if result.status in (401, 403) or (result.status == 400 and b"cannot find the provided auth token" in result.body):
+    if credential_refused(result.status, result.body):
         return False, said
     return None, said
 
@@ -331,9 +332,7 @@ def may_query_victoriametrics(settings: StackSettings, headers: dict[str, str]) 
     if not result.answered:
         return None, f"no answer ({result.error})"
     said = f"{result.status} {result.text(120)!r}"
-    if result.status in (401, 403) or (
-        result.status == 400 and (b"missing route" in result.body or b"auth token" in result.body)
-    ):
+    if credential_refused(result.status, result.body) or (result.status == 400 and b"missing route" in result.body):
         return False, said
     body = _json(result)
     if result.status == 200 and isinstance(body, dict):
