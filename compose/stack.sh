@@ -458,9 +458,14 @@ backup_victoriametrics() {
   answer="$(docker exec "${vm}" wget -qO- http://127.0.0.1:8428/snapshot/create)"
   name="$(printf '%s' "${answer}" | sed -n 's/.*"snapshot":"\([0-9A-Za-z-]*\)".*/\1/p')"
   [ -n "${name}" ] || die "VictoriaMetrics did not create a snapshot: ${answer}"
+  # The snapshot's hard links hold disk space until it is deleted: delete it whether
+  # or not the archive was written, then report the archive's outcome.
+  local status=0
   backup_helper victoriametrics "${set_dir}" snapshot "/victoria-metrics-data/snapshots/${name}" \
-    /backup/victoriametrics.tar.gz --follow-links --owner "${owner}"
-  docker exec "${vm}" wget -qO- "http://127.0.0.1:8428/snapshot/delete?snapshot=${name}" >/dev/null
+    /backup/victoriametrics.tar.gz --follow-links --owner "${owner}" || status=$?
+  docker exec "${vm}" wget -qO- "http://127.0.0.1:8428/snapshot/delete?snapshot=${name}" >/dev/null ||
+    echo "VictoriaMetrics snapshot ${name} was not deleted: delete it with /snapshot/delete?snapshot=${name}" >&2
+  [ "${status}" -eq 0 ] || die "The VictoriaMetrics snapshot could not be archived (exit ${status}); it was deleted."
 }
 
 container_of() {
