@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from grafana.builder import metricsql
 from grafana.builder.backend import current_backend
 
 NODE: tuple[str, ...] = ("network", "role", "uid")
@@ -65,8 +66,7 @@ def _by(labels: Sequence[str]) -> str:
 def mean(field: str, measurement: str, by: Sequence[str] = NODE) -> str:
     """The mean of every value of `field` in the window, per group (not a mean of per-series means)."""
     if _victoria():
-        series = _selector(field, [measurement])
-        return f"sum{_by(by)} (sum_over_time({series})) / sum{_by(by)} (count_over_time({series}))"
+        return metricsql.mean_of_samples(_selector(field, [measurement]), by)
     return select(f'mean("{field}")', [measurement], by)
 
 

@@ -26,7 +26,7 @@ service.go, ExecuteContinuousQuery), and the tasks truncate theirs the same way.
 
 from __future__ import annotations
 
-from grafana.builder.queries import DOWNSAMPLE_EVERY, DOWNSAMPLED_RP
+from grafana.builder.influxql import DOWNSAMPLE_EVERY, DOWNSAMPLED_RP
 from telemetry_client.catalog import MEASUREMENTS, Measurement
 
 RECOMPUTE = "15m"  # how far back every run recomputes (whole periods)

@@ -11,6 +11,11 @@ How an InfluxQL construct maps (docs/dashboards.md has the table):
   step of the range query (Grafana sends the interval as the step). A point of
   VictoriaMetrics covers (t - interval, t] where InfluxDB's bucket covers
   [t, t + interval): the same samples, labelled one interval later.
+- A node's mean is the sum of its samples over their count, across all its
+  series (several devices, processes, or a restarted run's new `runtime_id`), as
+  InfluxQL's `mean()` over the node's group: not a mean of per-series means. Its
+  last value is the newest sample among its series; max, min, count and sum are
+  per-series rollups combined by `max`, `min` and `sum`.
 - A fleet statistic across the samples of an interval (median, p90, max) is a
   per-series rollup first (the series' mean over the interval, or its max or min
   for the extremes), then `quantile`/`max` across the series. With one sample per
@@ -39,16 +44,16 @@ from telemetry_client.catalog import DELTA_SUFFIX
 # The labels every panel filters on, each by the template variable of the same name.
 NODE_LABELS: tuple[str, ...] = ("network", "role", "uid", "version")
 
-# A node's `agg` over an interval: the rollup of each series, then how the series
-# of one node (several devices, processes or runs) combine.
+# A node's `agg` over a window that is one rollup per series then one aggregation
+# across the node's series (several devices, processes or runs); "mean" and "last"
+# need more than that (mean_of_samples, newest_sample).
 ROLLUPS: dict[str, tuple[str, str]] = {
-    "mean": ("avg_over_time", "avg"),
     "max": ("max_over_time", "max"),
     "min": ("min_over_time", "min"),
-    "last": ("last_over_time", "avg"),
     "count": ("count_over_time", "sum"),
     "sum": ("sum_over_time", "sum"),
 }
+AGGREGATES: tuple[str, ...] = ("mean", "last", *ROLLUPS)
 
 
 def metric(measurement: str, field: str) -> str:
@@ -62,14 +67,32 @@ def selector(measurement: str, field: str, filters: Sequence[str] = ()) -> str:
     return f"{metric(measurement, field)}{{{matchers}}}"
 
 
-def _rollup(agg: str) -> tuple[str, str]:
-    if agg not in ROLLUPS:
-        raise ValueError(f"no MetricsQL rollup for {agg!r}: expected one of {', '.join(ROLLUPS)}")
-    return ROLLUPS[agg]
-
-
 def _by(labels: Sequence[str]) -> str:
     return f" by ({', '.join(labels)}) " if labels else ""
+
+
+def mean_of_samples(series: str, by: Sequence[str]) -> str:
+    """The mean of every sample of `series` (a range selector, `m{...}[window]`) per `by` group.
+
+    The sum of the samples over their count: a group's series (devices, processes,
+    runs) may hold different numbers of samples, and a mean of per-series means
+    would weigh a short-lived series like a long one, where InfluxQL's `mean()`
+    weighs every sample alike.
+    """
+    return f"sum{_by(by)}(sum_over_time({series})) / sum{_by(by)}(count_over_time({series}))"
+
+
+def newest_sample(series: str, by: Sequence[str]) -> str:
+    """The value of the newest sample of `series` (a range selector) per `by` group, whichever series holds it.
+
+    Each series' last value is kept only where its time is the group's latest, so a
+    process that stopped within the window (a restart's old `runtime_id`) does not
+    count; series whose newest samples share that instant (one point per device)
+    are averaged, where InfluxQL's `last()` returns one of them.
+    """
+    newest = f"tlast_over_time({series})"
+    latest = f"max{_by(by)}({newest})"
+    return f"avg{_by(by)}(last_over_time({series}) and ({newest} == on({', '.join(by)}) group_left {latest}))"
 
 
 def fleet_view(variable: str = "uid") -> str:
@@ -91,9 +114,16 @@ def per_node(
     filters: Sequence[str] = (),
     window: str = "$__interval",
 ) -> str:
-    """`agg` of `field` per `by` (a node, a device...) over each `window`."""
-    rollup, combine = _rollup(agg)
-    return f"{combine}{_by(by)}({rollup}({selector(measurement, field, filters)}[{window}]))"
+    """`agg` of `field` per `by` (a node, a device...) over each `window`, over all the group's series."""
+    series = f"{selector(measurement, field, filters)}[{window}]"
+    if agg == "mean":
+        return mean_of_samples(series, by)
+    if agg == "last":
+        return newest_sample(series, by)
+    if agg not in ROLLUPS:
+        raise ValueError(f"no MetricsQL rollup for {agg!r}: expected one of {', '.join(AGGREGATES)}")
+    rollup, combine = ROLLUPS[agg]
+    return f"{combine}{_by(by)}({rollup}({series}))"
 
 
 def fleet_stats(

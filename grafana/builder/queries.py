@@ -17,21 +17,6 @@ from collections.abc import Mapping, Sequence
 
 from grafana.builder import influxql, metricsql
 from grafana.builder.backend import current_backend
-from grafana.builder.influxql import (  # noqa: F401  (the InfluxQL names other modules import from here)
-    ALWAYS_RAW_MS,
-    DOWNSAMPLE_EVERY,
-    DOWNSAMPLED_RP,
-    EARLY_COPY_DIVISOR,
-    LONG_RANGE_MS,
-    NODE_FILTER,
-    by_time_range,
-    fleet_stats,
-    fleet_view,
-    influx_select,
-    influx_sum_over_nodes,
-    node_view,
-    raw_range_limit,
-)
 from grafana.builder.targets import Json, metrics_target
 from telemetry_client.catalog import DROP_REASONS as _CATALOG_DROP_REASONS
 
@@ -98,7 +83,9 @@ def node_series(
     if _victoria():
         query = metricsql.per_node(field, measurement, agg=agg, by=by, filters=filters)
     else:
-        query = influx_select(f'{agg}("{field}")', measurement, by=by, extra_where=influxql.variable_filters(filters))
+        query = influxql.influx_select(
+            f'{agg}("{field}")', measurement, by=by, extra_where=influxql.variable_filters(filters)
+        )
     return metrics_target(ref, query, legend)
 
 

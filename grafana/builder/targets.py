@@ -20,11 +20,6 @@ VICTORIAMETRICS: dict[str, str] = {"type": "prometheus", "uid": "victoriametrics
 _LEGEND_NAME = re.compile(r"\{(\w+)\}")
 
 
-def metrics_datasource() -> dict[str, str]:
-    """The metrics data source of the backend being built for."""
-    return VICTORIAMETRICS if current_backend() == "victoriametrics" else INFLUX
-
-
 def influx_alias(legend: str) -> str:
     """A neutral legend as an InfluxDB alias: $tag_<tag>, and $col for the value's name."""
     return _LEGEND_NAME.sub(lambda m: "$col" if m.group(1) == "stat" else f"$tag_{m.group(1)}", legend)
