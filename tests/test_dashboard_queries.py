@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from servers import InfluxV1
@@ -226,30 +227,38 @@ def catalog_points(now: datetime, duration: timedelta, seed: int = 7) -> Iterato
                     yield node, measurement.name, extra, fields, end - (steps - step) * STEP_S
 
 
-def write_with_metrics_logger(url: str, database: str, points: Iterator[CatalogPoint]) -> int:
-    """Write through MetricsLogger (API v1), one logger per node as real nodes do; return points sent."""
-    loggers: dict[tuple[str, str, str, str], MetricsLogger] = {}
-    for node, measurement, tags, fields, seconds in points:
-        logger = loggers.get(node)
+def write_with_metrics_logger(
+    points: Iterable[CatalogPoint],
+    runtime_id: Callable[[CatalogPoint], str] = lambda point: f"run-{point[0][0]}",
+    **connection: Any,
+) -> int:
+    """Write through MetricsLogger, one logger per node and run as real nodes do; return points sent.
+
+    `connection` is MetricsLogger's (url, database, api_version, token...);
+    `runtime_id` names the run (process) that writes a point: one per node unless told.
+    """
+    loggers: dict[tuple[tuple[str, str, str, str], str], MetricsLogger] = {}
+    for point in points:
+        node, measurement, tags, fields, seconds = point
+        run = runtime_id(point)
+        logger = loggers.get((node, run))
         if logger is None:
             uid, role, network, version = node
-            logger = loggers[node] = MetricsLogger(
-                url=url,
-                database=database,
-                api_version=1,
+            logger = loggers[node, run] = MetricsLogger(
                 uid=uid,
                 role=role,
                 network=network,
                 version=version,
-                runtime_id=f"run-{uid}",
+                runtime_id=run,
                 group=network,
                 job_type="training",
                 self_metrics_interval=None,
+                **connection,
             )
         logger.log(measurement, tags, fields, timestamp=seconds * 1_000_000_000)
     sent = 0
     for logger in loggers.values():
-        assert logger.close(30) == 0, logger.stats()
+        assert logger.close(60) == 0, logger.stats()
         stats = logger.stats()
         assert stats["dropped"] == 0, stats
         sent += stats["sent"]
@@ -264,7 +273,8 @@ def telemetry_db(influx_server: InfluxV1) -> Iterator[tuple[InfluxV1, str]]:
     for statement in downsampling.influxql_setup(database):
         result = influx_server.query(statement)["results"][0]
         assert "error" not in result, f"{result['error']}\n{statement}"
-    sent = write_with_metrics_logger(influx_server.url, database, catalog_points(NOW, timedelta(minutes=30)))
+    points = catalog_points(NOW, timedelta(minutes=30))
+    sent = write_with_metrics_logger(points, url=influx_server.url, database=database, api_version=1)
     assert sent == sum(1 for _ in catalog_points(NOW, timedelta(minutes=30)))
     # What the continuous queries would have written by now, for the long-range targets.
     start_ms = int((NOW - timedelta(hours=1)).timestamp() * 1000)

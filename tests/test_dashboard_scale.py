@@ -10,9 +10,6 @@ VictoriaMetrics (API v2), for the MetricsQL set of the dashboards.
 
 from __future__ import annotations
 
-import json
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -22,6 +19,7 @@ from servers import InfluxV1, VictoriaMetrics, victoria_metrics
 from grafana.builder import downsampling
 from simulator import dashboards as dash
 from simulator.backfill import FleetShape, backfill
+from simulator.victoria import PromQL, result_counts
 from telemetry_client import cardinality as card
 from telemetry_client.catalog import CATALOG
 
@@ -112,19 +110,6 @@ def fleet_vm() -> Iterator[tuple[VictoriaMetrics, datetime]]:
         yield server, end
 
 
-def _vm_series_count(
-    server: VictoriaMetrics, query: dash.Query, text: str, time_range: dash.TimeRange, interval
-) -> int:
-    if query.instant:
-        path, params = "/api/v1/query", {"query": text, "time": dash.prometheus_time(time_range.end_ms)}
-    else:
-        path, params = "/api/v1/query_range", {"query": text, **dash.prometheus_range(time_range, interval)}
-    with urllib.request.urlopen(f"{server.url}{path}?{urllib.parse.urlencode(params)}", timeout=300) as response:
-        body = json.loads(response.read())
-    assert body["status"] == "success", f"{query.where}: {body}"
-    return len(body["data"]["result"])
-
-
 @pytest.mark.parametrize("span", list(RANGES))
 def test_no_default_view_exceeds_the_series_budget_on_victoriametrics(
     fleet_vm: tuple[VictoriaMetrics, datetime], span: str
@@ -135,6 +120,7 @@ def test_no_default_view_exceeds_the_series_budget_on_victoriametrics(
     # Grafana rounds a range query's end down to a multiple of the step: open the
     # dashboard one step after the data so that the last step still covers it.
     time_range = dash.TimeRange(end + interval - RANGES[span], end + interval)
+    api = PromQL(server.url, timeout=300)
     over, answered = [], 0
     for dashboard in dash.load_dashboards(dash.VICTORIAMETRICS_DASHBOARDS_DIR):
         values = dash.all_selected(dashboard)
@@ -142,7 +128,8 @@ def test_no_default_view_exceeds_the_series_budget_on_victoriametrics(
             if query.datasource_type != "prometheus":
                 continue
             text = dash.expand(query, time_range, values, dashboard=dashboard, interval=interval)
-            series = _vm_series_count(server, query, text, time_range, interval)
+            data = api.instant(text, time_range.end_ms) if query.instant else api.range(text, time_range, interval)
+            series, _ = result_counts(data)
             answered += bool(series)
             if series > SERIES_BUDGET:
                 over.append(f"{query.where}: {series} series")

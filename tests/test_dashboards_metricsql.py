@@ -8,14 +8,10 @@ from the same sources as grafana/dashboards/; every panel exists in both sets
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import re
 import threading
-import urllib.error
-import urllib.parse
-import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import ModuleType
@@ -23,12 +19,19 @@ from types import ModuleType
 import pytest
 import yaml
 from servers import InfluxV1, VictoriaMetrics, victoria_metrics
-from test_dashboard_queries import MINERS, NODES, VALIDATORS, CatalogPoint, catalog_points
+from test_dashboard_queries import (
+    MINERS,
+    NODES,
+    VALIDATORS,
+    CatalogPoint,
+    catalog_points,
+    write_with_metrics_logger,
+)
 
 from grafana.builder.backend import BACKENDS, building_for, current_backend
 from simulator import dashboards as dash
+from simulator.victoria import PromQL, variable_call
 from telemetry_client.catalog import CATALOG, STANDARD_TAGS
-from telemetry_client.metrics import MetricsLogger
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAFANA = ROOT / "grafana"
@@ -163,33 +166,6 @@ CHOSEN = {"uid": [node[0] for node in NODES], "eval_uid": list(MINERS)}
 VIEW = re.compile(r'label_(match|mismatch)\(label_set\(vector\(1\), "sel", "\$\{(\w+):raw\}"\)')
 
 
-def write_points(points: Iterable[CatalogPoint], **connection: object) -> int:
-    """Write through MetricsLogger, one logger per node as real nodes do; return points sent."""
-    loggers: dict[tuple[str, str, str, str], MetricsLogger] = {}
-    for node, measurement, tags, fields, seconds in points:
-        logger = loggers.get(node)
-        if logger is None:
-            uid, role, network, version = node
-            logger = loggers[node] = MetricsLogger(
-                uid=uid,
-                role=role,
-                network=network,
-                version=version,
-                runtime_id=f"run-{uid}",
-                group=network,
-                job_type="training",
-                self_metrics_interval=None,
-                **connection,  # type: ignore[arg-type]
-            )
-        logger.log(measurement, tags, fields, timestamp=seconds * 1_000_000_000)
-    sent = 0
-    for logger in loggers.values():
-        assert logger.close(60) == 0, logger.stats()
-        assert logger.stats()["dropped"] == 0, logger.stats()
-        sent += logger.stats()["sent"]
-    return sent
-
-
 def v2_connection(server: VictoriaMetrics) -> dict[str, object]:
     return {"url": server.url, "token": "test-token-not-secret", "org": "telemetry", "database": "telemetry"}
 
@@ -199,7 +175,7 @@ def victoria() -> Iterator[VictoriaMetrics]:
     """A VictoriaMetrics of this module's own, holding the small fleet."""
     with victoria_metrics() as server:
         points = list(catalog_points(NOW - OFFSET, timedelta(minutes=30)))
-        assert write_points(points, **v2_connection(server)) == len(points)
+        assert write_with_metrics_logger(points, **v2_connection(server)) == len(points)
         server.wait_for_series('{__name__="system_cpu_percent"}', len(NODES), timeout=60)
         yield server
 
@@ -211,26 +187,9 @@ def influx_twin(influx_server: InfluxV1) -> Iterator[tuple[InfluxV1, str]]:
     influx_server.create_database(database)
     points = list(catalog_points(NOW - OFFSET, timedelta(minutes=30)))
     connection = {"url": influx_server.url, "database": database, "api_version": 1}
-    assert write_points(points, **connection) == len(points)
+    assert write_with_metrics_logger(points, **connection) == len(points)
     yield influx_server, database
     influx_server.query(f'DROP DATABASE "{database}"')
-
-
-class VictoriaError(AssertionError):
-    pass
-
-
-def vm_get(server: VictoriaMetrics, path: str, params: dict[str, str]) -> dict:
-    """A GET of VictoriaMetrics' Prometheus API as Grafana's data source sends it; an error fails."""
-    url = f"{server.url}{path}?{urllib.parse.urlencode(params)}"
-    try:
-        with urllib.request.urlopen(url, timeout=120) as response:
-            body = json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        raise VictoriaError(f"HTTP {exc.code}: {exc.read().decode(errors='replace')}\n{params}") from None
-    if body.get("status") != "success":
-        raise VictoriaError(f"{body}\n{params}")
-    return body["data"]
 
 
 def run_vm(
@@ -243,12 +202,9 @@ def run_vm(
     """The series `query` returns, interpolated and sent as Grafana sends it (range or instant)."""
     dashboard = VM_BY_UID[query.dashboard_uid]
     text = dash.expand(query, time_range, values, dashboard=dashboard, interval=interval)
-    if query.instant:
-        params = {"query": text, "time": dash.prometheus_time(time_range.end_ms)}
-        return vm_get(server, "/api/v1/query", params)["result"]
-    return vm_get(server, "/api/v1/query_range", {"query": text, **dash.prometheus_range(time_range, interval)})[
-        "result"
-    ]
+    api = PromQL(server.url, timeout=120)
+    data = api.instant(text, time_range.end_ms) if query.instant else api.range(text, time_range, interval)
+    return data["result"]
 
 
 def vm_values(series: list[dict]) -> list[float]:
@@ -269,11 +225,9 @@ def live_values(query: dash.Query) -> dict:
 def variable_values(server: VictoriaMetrics, query: dash.Query, values: dict) -> list[str]:
     """What a label_values() variable lists: /api/v1/label/<label>/values, with match[] when it has a selector."""
     text = dash.expand(query, RANGE, values, dashboard=VM_BY_UID[query.dashboard_uid], interval=INTERVAL)
-    label, selector = dash.prometheus_label_values(text)
-    params = {"start": dash.prometheus_time(RANGE.start_ms), "end": dash.prometheus_time(RANGE.end_ms)}
-    if selector:
-        params["match[]"] = selector
-    return vm_get(server, f"/api/v1/label/{label}/values", params)
+    call = variable_call(text)
+    assert call is not None and call[0] == "label_values", text
+    return PromQL(server.url, timeout=120).variable(*call, RANGE)
 
 
 @pytest.mark.parametrize("query", [q for q in VM_QUERIES if q.source == "panel"], ids=lambda q: q.where)
@@ -432,6 +386,108 @@ def test_worst_nodes_tables_name_the_same_nodes(
     assert {r["metric"]["uid"]: float(r["value"][1]) for r in rows} == pytest.approx(
         {r["uid"]: r[field] for r in theirs}
     )
+
+
+# A miner restarted ten minutes into the range: its old run (runtime_id) wrote 63
+# steps, its new one 116 after a 20 s gap, so the node has two series with different
+# sample counts, and the one-minute interval of the restart holds 3 old samples and
+# 2 new ones. A steady miner beside it has one series.
+RESTARTED = ("restarted", "miner", "finney", "1.4.0")
+STEADY = ("steady", "miner", "finney", "1.4.0")
+RESTART_S = int(RANGE.start.timestamp()) + 640
+
+
+def _restart_points() -> list[CatalogPoint]:
+    start = int(RANGE.start.timestamp())
+    old = [start + 5 + 10 * k for k in range(63)]  # up to start + 625
+    new = [start + 645 + 10 * k for k in range(116)]  # up to start + 1795, 5 s before the end
+    points = [
+        (RESTARTED, "training_step", {}, {"tokens_per_sec": 1000.0 + 10 * k, "learning_rate": 1e-3 + k * 1e-6}, t)
+        for k, t in enumerate(old)
+    ]
+    points += [
+        (RESTARTED, "training_step", {}, {"tokens_per_sec": 400.0 + k, "learning_rate": 5e-4 - k * 1e-6}, t)
+        for k, t in enumerate(new)
+    ]
+    points += [(STEADY, "training_step", {}, {"tokens_per_sec": 800.0, "learning_rate": 2e-4}, t) for t in old + new]
+    return points
+
+
+def _run_of(point: CatalogPoint) -> str:
+    node, seconds = point[0], point[4]
+    return f"run-{node[0]}-{'old' if node == RESTARTED and seconds < RESTART_S else 'new'}"
+
+
+@pytest.fixture(scope="module")
+def restarted(influx_server: InfluxV1) -> Iterator[tuple[VictoriaMetrics, InfluxV1, str]]:
+    """The restarted and the steady miner, in a VictoriaMetrics of their own and an InfluxDB database."""
+    points = _restart_points()
+    database = "telemetry_restarts"
+    influx_server.create_database(database)
+    connection = {"url": influx_server.url, "database": database, "api_version": 1}
+    assert write_with_metrics_logger(points, _run_of, **connection) == len(points)
+    with victoria_metrics() as server:
+        assert write_with_metrics_logger(points, _run_of, **v2_connection(server)) == len(points)
+        server.wait_for_series('{__name__="training_step_tokens_per_sec"}', 3, timeout=60)
+        yield server, influx_server, database
+    influx_server.query(f'DROP DATABASE "{database}"')
+
+
+def _samples(field: str, start_s: float = 0, end_s: float = math.inf) -> list[tuple[int, float]]:
+    """(time, value) of the restarted miner's `field`, both runs, within [start_s, end_s)."""
+    return [(p[4], p[3][field]) for p in _restart_points() if p[0] == RESTARTED and start_s <= p[4] < end_s]
+
+
+def test_slowest_miners_mean_weighs_every_sample_of_a_restarted_miner(
+    restarted: tuple[VictoriaMetrics, InfluxV1, str],
+) -> None:
+    """The mean over the range is that of all the node's samples, as InfluxQL's mean(),
+    not the mean of its two runs' means."""
+    server, influx, database = restarted
+    values = [v for _, v in _samples("tokens_per_sec")]
+    expected = sum(values) / len(values)
+    per_run = [[v for t, v in _samples("tokens_per_sec") if (t < RESTART_S) == old] for old in (True, False)]
+    assert abs(expected - sum(sum(r) / len(r) for r in per_run) / 2) > 100  # the two readings differ
+    vm_q, influx_q = _twins("telemetry-training", "Slowest miners")
+    rows = run_vm(server, vm_q["A"], RANGE, dash.all_selected(VM_BY_UID["telemetry-training"]))
+    ours = {r["metric"]["uid"]: float(r["value"][1]) for r in rows}
+    dashboard = INFLUX_BY_UID["telemetry-training"]
+    text = dash.expand(influx_q["A"], RANGE, dash.all_selected(dashboard), dashboard=dashboard, interval=INTERVAL)
+    rows = influx.rows(text, database)
+    column = next(k for k in rows[0] if k not in ("time", "uid"))
+    theirs = {r["uid"]: r[column] for r in rows}
+    assert ours == pytest.approx({"restarted": expected, "steady": 800.0})
+    assert theirs == pytest.approx(ours)
+
+
+@pytest.mark.parametrize(
+    ("title", "field"), [("Tokens per second", "tokens_per_sec"), ("Learning rate", "learning_rate")]
+)
+def test_a_restarted_miners_line_is_its_mean_and_newest_sample_per_interval(
+    restarted: tuple[VictoriaMetrics, InfluxV1, str], title: str, field: str
+) -> None:
+    """Per one-minute interval, the node's line is the mean of all its samples (tokens per
+    second) or its newest sample (learning rate, `last`), on either server, including the
+    interval of the restart, where the old run's last sample is not the node's latest."""
+    server, influx, database = restarted
+    interval = timedelta(minutes=1)
+    vm_q, influx_q = _twins("telemetry-training", title)
+    chosen = {"uid": [RESTARTED[0], STEADY[0]]}
+    vm_values_ = dash.all_selected(VM_BY_UID["telemetry-training"]) | chosen
+    influx_values = dash.all_selected(INFLUX_BY_UID["telemetry-training"]) | chosen
+    ours = _vm_series(run_vm(server, vm_q["B"], RANGE, vm_values_, interval), interval, "stat")[(RESTARTED[0],)]
+    theirs = _influx_series(influx, database, influx_q["B"], influx_values, interval)
+    (column,) = [key for key in theirs if key[0] == RESTARTED[0]]
+    step = int(interval.total_seconds())
+    expected = {}
+    for bucket in range(int(RANGE.start.timestamp()), int(RANGE.end.timestamp()), step):
+        samples = _samples(field, bucket, bucket + step)
+        mean = sum(v for _, v in samples) / len(samples)
+        expected[bucket * 1000] = mean if title == "Tokens per second" else max(samples)[1]
+    restart_bucket = RESTART_S // step * step * 1000
+    assert restart_bucket in expected and restart_bucket in ours
+    assert ours == pytest.approx(expected)
+    assert theirs[column] == pytest.approx(expected)
 
 
 # ---------------------------------------------------------------- Grafana's Prometheus interpolation
