@@ -183,11 +183,11 @@ def test_tasks_that_flush_deliver_even_when_a_with_pool_block_terminates_the_wor
     its exit drain; so that case is not asserted here.)
     """
     server, database = influx_db
-    body = f"""
+    body = """
     logger = make_logger()
 
     def work(k):
-        log_points(logger, f"task{{k}}", 500)
+        log_points(logger, f"task{k}", 500)
         logger.flush(30)
 
     if __name__ == "__main__":
