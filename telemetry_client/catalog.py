@@ -273,6 +273,55 @@ MEASUREMENTS: tuple[Measurement, ...] = (
 CATALOG: dict[str, Measurement] = {m.name: m for m in MEASUREMENTS}
 
 
+@dataclass(frozen=True)
+class Spread:
+    """A measurement the metrics store derives, never a node: how `source`'s fields spread across one tag.
+
+    Per node and period it holds each field's median, p90 and max across the
+    values of tag `across` (the evaluated miners a validator scores): a fleet
+    panel over a long range reads a handful of series (one per validator) in
+    place of thousands (one per validator and evaluated miner).
+    grafana/builder/downsampling.py writes it beside the downsampled copy.
+    """
+
+    name: str
+    source: str
+    across: str
+    fields: tuple[str, ...]
+
+    STATS = ("median", "p90", "max")
+
+    @property
+    def measurement(self) -> Measurement:
+        """The derived measurement: the source's tags but `across`, a field per source field and statistic."""
+        source = CATALOG[self.source]
+        return Measurement(
+            name=self.name,
+            description=f"spread of {source.name} across {self.across}, per node and period",
+            roles=source.roles,
+            tags=tuple(tag for tag in source.tags if tag != self.across),
+            fields=tuple(
+                Field(f"{field}_{stat}", "", f"{stat} of {field} across {self.across}")
+                for field in self.fields
+                for stat in self.STATS
+            ),
+            automatic=True,
+        )
+
+    @property
+    def group_tags(self) -> tuple[str, ...]:
+        """The tags a period is grouped by: every tag of the source but `across`."""
+        return self.measurement.tag_names
+
+
+SPREADS: tuple[Spread, ...] = (
+    Spread("validator_scores_spread", "validator_scores", "eval_uid", ("score", "moving_avg_score", "weight")),
+)
+SPREAD_OF: dict[str, Spread] = {s.source: s for s in SPREADS}
+# Every measurement a query may name: the catalog's and the ones the store derives.
+QUERYABLE: dict[str, Measurement] = {**CATALOG, **{s.name: s.measurement for s in SPREADS}}
+
+
 def measurement(name: str) -> Measurement:
     """Look a measurement up by name, with a clear error for an unknown one."""
     try:

@@ -19,7 +19,7 @@ from servers import InfluxV1
 
 from grafana.builder import downsampling
 from simulator import dashboards as dash
-from telemetry_client.catalog import CATALOG, DELTA_SUFFIX, MEASUREMENTS, STANDARD_TAGS
+from telemetry_client.catalog import CATALOG, DELTA_SUFFIX, MEASUREMENTS, QUERYABLE, STANDARD_TAGS
 from telemetry_client.metrics import MetricsLogger
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
@@ -311,7 +311,7 @@ INFLUX_QUERIES = [q for q in dash.iter_queries(DASHBOARDS, DATASOURCES) if q.dat
 def test_every_catalog_measurement_is_written(telemetry_db: tuple[InfluxV1, str]) -> None:
     server, database = telemetry_db
     names = {row["name"] for row in server.rows("SHOW MEASUREMENTS", database)}
-    assert names == set(CATALOG)
+    assert names == set(QUERYABLE)  # the catalog's, and the spreads filled in beside the copy
 
 
 # Two days: a range that reads the downsampled copy; its interval is Grafana's auto one.
@@ -512,3 +512,46 @@ def test_busiest_measurements_read_the_copy_from_a_sixth_of_the_raw_limit(teleme
         always = everything | {"raw_up_to_ms": str(2**53 - 1)}
         assert has_values(answer("A", always)), title
         assert not has_values(answer("A-long", always)), title
+
+
+def _score_fleet_rows(server: InfluxV1, database: str, ref_id: str, uid: list[str] | None) -> dict[int, list]:
+    """The Score panel's fleet target `ref_id` at a 5-minute interval: {bucket start ms: [median, p90, max]}."""
+    dashboard = BY_UID["telemetry-validators"]
+    query = next(
+        q
+        for q in dash.panel_queries(dashboard, DATASOURCES)
+        if q.name == "Score per evaluated miner" and q.ref_id == ref_id
+    )
+    time_range = LONG_RANGE if ref_id.endswith("-long") else RANGE
+    values = dash.all_selected(dashboard) | {"uid": uid}
+    text = dash.expand(query, time_range, values, dashboard=dashboard, interval=timedelta(minutes=5))
+    series = run(server, database, text)
+    assert [s["columns"] for s in series] == [["time", "median", "p90", "max"]], text
+    return {row[0]: row[1:] for row in series[0]["values"]}
+
+
+def test_score_fleet_view_reads_the_same_from_the_spread_as_from_the_raw_data(
+    telemetry_db: tuple[InfluxV1, str],
+) -> None:
+    """Over a long range the score panels read validator_scores_spread (a series per validator), not the
+    copy's series per validator and evaluated miner. For one validator its median, p90 and max per
+    5 minutes are the raw data's; over every validator the max still is, and the median and p90 are
+    the median of the validators' own (each lies between the smallest and largest validator's)."""
+    server, database = telemetry_db
+    whole = [t for t in range(RANGE.start_ms, RANGE.end_ms - 300_000 + 1) if t % 300_000 == 0]
+    assert len(whole) >= 4
+    for uid in VALIDATORS:
+        raw = _score_fleet_rows(server, database, "A", [uid])
+        spread = _score_fleet_rows(server, database, "A-long", [uid])
+        for start in whole:
+            assert spread[start] == pytest.approx(raw[start]), (uid, start)
+    per_validator = {uid: _score_fleet_rows(server, database, "A", [uid]) for uid in VALIDATORS}
+    raw_all = _score_fleet_rows(server, database, "A", None)
+    spread_all = _score_fleet_rows(server, database, "A-long", None)
+    for start in whole:
+        median, p90, highest = spread_all[start]
+        assert highest == pytest.approx(raw_all[start][2])
+        for position, value in ((0, median), (1, p90)):
+            own = [rows[start][position] for rows in per_validator.values()]
+            assert min(own) <= value <= max(own)
+    assert len(VALIDATORS) > 1

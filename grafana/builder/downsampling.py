@@ -16,6 +16,11 @@ cumulative counters. Dashboards then run the same query text on either copy.
 - InfluxDB 3.x has neither continuous queries nor tasks; docs/dashboards.md says
   what to do there.
 
+Beside the copy, the same runs write each catalog Spread (telemetry_client/
+catalog.py): per node and period, the median, p90 and max of a measurement's
+fields across one tag (the scores a validator gave all the miners it evaluated),
+read by the fleet view of a long range in place of thousands of series.
+
 Each run (every RUN_EVERY) recomputes the periods of the last RECOMPUTE, the
 current partial one included: the copy lags the raw data by about a minute, and
 points that arrive a little late (a node's buffer draining after a short outage)
@@ -27,7 +32,7 @@ service.go, ExecuteContinuousQuery), and the tasks truncate theirs the same way.
 from __future__ import annotations
 
 from grafana.builder.influxql import DOWNSAMPLE_EVERY, DOWNSAMPLED_RP
-from telemetry_client.catalog import MEASUREMENTS, Measurement
+from telemetry_client.catalog import MEASUREMENTS, SPREADS, Measurement, Spread
 
 RECOMPUTE = "15m"  # how far back every run recomputes (whole periods)
 RUN_EVERY = "1m"  # how often the copy is brought up to date
@@ -54,13 +59,44 @@ def _into_select(database: str, raw_rp: str, measurement: Measurement, where: st
     )
 
 
+# A Spread's statistics in InfluxQL: median() is the mean of the two middle values
+# for an even count, percentile() the nearest rank (influxdata/influxdb 1.6,
+# query/call_iterator.go), max() the largest.
+_INFLUXQL_STAT = {"median": 'median("{f}")', "p90": 'percentile("{f}", 90)', "max": 'max("{f}")'}
+
+
+def spread_select(spread: Spread) -> str:
+    """The SELECT list that reduces one period of `spread.source` to its spread across `spread.across`."""
+    return ", ".join(
+        f'{_INFLUXQL_STAT[stat].format(f=field)} AS "{field}_{stat}"'
+        for field in spread.fields
+        for stat in spread.STATS
+    )
+
+
+def _spread_into_select(database: str, raw_rp: str, spread: Spread, where: str = "") -> str:
+    group = ", ".join(f'"{tag}"' for tag in spread.group_tags)
+    return (
+        f'SELECT {spread_select(spread)} INTO "{database}"."{DOWNSAMPLED_RP}"."{spread.name}" '
+        f'FROM "{database}"."{raw_rp}"."{spread.source}"{where} GROUP BY time({DOWNSAMPLE_EVERY}), {group}'
+    )
+
+
+def _continuous_query(database: str, name: str, select: str) -> str:
+    return (
+        f'CREATE CONTINUOUS QUERY "downsample_{name}" ON "{database}" '
+        f"RESAMPLE EVERY {RUN_EVERY} FOR {RECOMPUTE} BEGIN {select} END"
+    )
+
+
 def continuous_query(database: str, measurement: Measurement, raw_rp: str = RAW_RP) -> str:
     """The InfluxDB 1.x continuous query that keeps `measurement`'s copy up to date."""
-    return (
-        f'CREATE CONTINUOUS QUERY "downsample_{measurement.name}" ON "{database}" '
-        f"RESAMPLE EVERY {RUN_EVERY} FOR {RECOMPUTE} "
-        f"BEGIN {_into_select(database, raw_rp, measurement)} END"
-    )
+    return _continuous_query(database, measurement.name, _into_select(database, raw_rp, measurement))
+
+
+def spread_continuous_query(database: str, spread: Spread, raw_rp: str = RAW_RP) -> str:
+    """The InfluxDB 1.x continuous query that keeps `spread` up to date (from the raw data)."""
+    return _continuous_query(database, spread.name, _spread_into_select(database, raw_rp, spread))
 
 
 def influxql_setup(
@@ -76,13 +112,16 @@ def influxql_setup(
         f'CREATE RETENTION POLICY "{DOWNSAMPLED_RP}" ON "{database}" DURATION {downsampled_retention} REPLICATION 1',
     ]
     statements += [continuous_query(database, m, raw_rp) for m in MEASUREMENTS]
+    statements += [spread_continuous_query(database, s, raw_rp) for s in SPREADS]
     return statements
 
 
 def influxql_backfill(database: str, start_ms: int, end_ms: int, *, raw_rp: str = RAW_RP) -> list[str]:
     """SELECT ... INTO statements that fill the copy for data written before the continuous queries."""
     where = f" WHERE time >= {start_ms}ms AND time < {end_ms}ms"
-    return [_into_select(database, raw_rp, m, where) for m in MEASUREMENTS]
+    return [_into_select(database, raw_rp, m, where) for m in MEASUREMENTS] + [
+        _spread_into_select(database, raw_rp, s, where) for s in SPREADS
+    ]
 
 
 def flux_task(measurement: Measurement) -> str:
@@ -118,6 +157,52 @@ def flux_task(measurement: Measurement) -> str:
     return "\n".join(lines) + "\n"
 
 
+# A Spread's statistics in Flux, chosen to match InfluxQL's: exact_mean averages
+# the two middle values, exact_selector returns a stored value (the nearest rank);
+# the default, estimate_tdigest, would be an estimate (docs.influxdata.com/flux/v0/
+# stdlib/universe/quantile/).
+_FLUX_STAT = {
+    "median": '(column, tables=<-) => tables |> quantile(q: 0.5, method: "exact_mean", column: column)',
+    "p90": '(column, tables=<-) => tables |> quantile(q: 0.9, method: "exact_selector", column: column)',
+    "max": "max",
+}
+
+
+def spread_flux_task(spread: Spread) -> str:
+    """The InfluxDB 2.x task that keeps `spread` up to date (one pipeline per statistic).
+
+    Renaming _measurement and _field in map() moves each row to the table of its
+    new group key (docs.influxdata.com/flux/v0/stdlib/universe/map/), so to()
+    writes the Spread's series.
+    """
+    group = ", ".join(f'"{tag}"' for tag in ("_measurement", "_field", *spread.group_tags))
+    names = ", ".join(f'"{name}"' for name in spread.fields)
+    lines = [
+        f"// {spread.name}: median, p90 and max of {spread.source} across {spread.across}, per node and"
+        f" {DOWNSAMPLE_EVERY} (generated by grafana/build_dashboards.py).",
+        'import "date"',
+        "",
+        f'option task = {{name: "downsample_{spread.name}", every: {RUN_EVERY}, offset: 10s}}',
+        "",
+        "data =",
+        '    from(bucket: "@RAW_BUCKET@")',
+        f"        |> range(start: date.truncate(t: -{RECOMPUTE}, unit: {DOWNSAMPLE_EVERY}))",
+        f'        |> filter(fn: (r) => r._measurement == "{spread.source}")',
+        f"        |> filter(fn: (r) => contains(value: r._field, set: [{names}]))",
+        f"        |> group(columns: [{group}])",
+    ]
+    for stat in spread.STATS:
+        lines += [
+            "",
+            "data",
+            f"    |> aggregateWindow(every: {DOWNSAMPLE_EVERY}, fn: {_FLUX_STAT[stat]},"
+            ' createEmpty: false, timeSrc: "_start")',
+            f'    |> map(fn: (r) => ({{r with _measurement: "{spread.name}", _field: r._field + "_{stat}"}}))',
+            '    |> to(bucket: "@DOWNSAMPLED_BUCKET@")',
+        ]
+    return "\n".join(lines) + "\n"
+
+
 def render() -> dict[str, str]:
     """Generated files below grafana/downsampling/: 1.x InfluxQL and the 2.x task scripts."""
     files = {
@@ -126,4 +211,5 @@ def render() -> dict[str, str]:
         + "".join(f"{statement};\n" for statement in influxql_setup("telemetry")),
     }
     files.update({f"tasks/{m.name}.flux": flux_task(m) for m in MEASUREMENTS})
+    files.update({f"tasks/{s.name}.flux": spread_flux_task(s) for s in SPREADS})
     return files

@@ -63,10 +63,14 @@ def fleet_and_nodes(
             field, measurement, lowest_is_worst=lowest_is_worst, by=by, extra_where=where, variable=variable
         )
         nodes = influxql.nodes(field, measurement, agg=node_agg, by=node_by, extra_where=where, variable=variable)
-    return [
-        metrics_target(refs[0], fleet, f"{prefix}{{stat}}{tags}"),
-        metrics_target(refs[1], nodes, f"{prefix}{node_legend}{tags}"),
-    ]
+    fleet_target = metrics_target(refs[0], fleet, f"{prefix}{{stat}}{tags}")
+    if not _victoria():
+        spread = influxql.fleet_from_spread(
+            field, measurement, lowest_is_worst=lowest_is_worst, by=by, filters=filters, variable=variable
+        )
+        if spread:
+            fleet_target[influxql.LONG_QUERY] = spread
+    return [fleet_target, metrics_target(refs[1], nodes, f"{prefix}{node_legend}{tags}")]
 
 
 def node_series(
