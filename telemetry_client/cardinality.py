@@ -6,6 +6,8 @@ combination per process), so a node's series are its measurements times their ow
 tags' values: GPUs for `gpu` and `gpu_memory`, evaluated miners for
 `validator_scores`, benchmark tasks for `evaluator_benchmark`, sinks for
 `telemetry_client`. A restart starts a new runtime_id, hence a new set of series.
+The store adds a spread's series beside the downsampled copy: one per process of
+its source (validator_scores_spread: one per validator; gpu_spread: one per node).
 
     python -m telemetry_client.cardinality --miners 256 --validators 16 --gpus 4
 """
@@ -17,7 +19,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from telemetry_client.catalog import MEASUREMENTS, ROLES, Measurement
+from telemetry_client.catalog import CATALOG, MEASUREMENTS, QUERYABLE, ROLES, SPREADS, Measurement
 
 
 @dataclass(frozen=True)
@@ -71,9 +73,17 @@ def fleet_series(fleet: Fleet) -> dict[str, int]:
     return totals
 
 
+def spread_series(fleet: Fleet) -> dict[str, int]:
+    """Series of the spreads the store derives beside the downsampled copy: one per process of the source."""
+    return {
+        spread.name: sum(fleet.nodes(role) for role in CATALOG[spread.source].roles) * fleet.runs_per_node
+        for spread in SPREADS
+    }
+
+
 def field_series(series: Mapping[str, int]) -> int:
     """Series times fields: what InfluxDB's storage indexes and what a query scans per point time."""
-    fields = {m.name: len(m.fields) for m in MEASUREMENTS}
+    fields = {name: len(m.fields) for name, m in QUERYABLE.items()}
     return sum(count * fields[name] for name, count in series.items())
 
 
@@ -88,6 +98,8 @@ def report(fleet: Fleet) -> str:
     node_totals = "".join(f"{sum(per_role[role].values()):>11}" for role in ROLES)
     lines.append(f"{'series per node':<22}{node_totals}{sum(totals.values()):>10,}")
     lines.append(f"field series (series x fields) in the fleet: {field_series(totals):,}")
+    for name, count in spread_series(fleet).items():
+        lines.append(f"derived beside the downsampled copy: {name}, {count:,} series")
     return "\n".join(lines)
 
 

@@ -275,18 +275,18 @@ CATALOG: dict[str, Measurement] = {m.name: m for m in MEASUREMENTS}
 
 @dataclass(frozen=True)
 class Spread:
-    """A measurement the metrics store derives, never a node: how `source`'s fields spread across one tag.
+    """A measurement the metrics store derives, never a node: how `source`'s fields spread across some tags.
 
     Per node and period it holds each field's median, p90 and max across the
-    values of tag `across` (the evaluated miners a validator scores): a fleet
-    panel over a long range reads a handful of series (one per validator) in
-    place of thousands (one per validator and evaluated miner).
+    values of the tags `across` (the evaluated miners a validator scores, a
+    node's GPUs): a fleet panel over a long range reads a series per node in
+    place of one per node and evaluated miner or device.
     grafana/builder/downsampling.py writes it beside the downsampled copy.
     """
 
     name: str
     source: str
-    across: str
+    across: tuple[str, ...]
     fields: tuple[str, ...]
 
     STATS = ("median", "p90", "max")
@@ -295,13 +295,14 @@ class Spread:
     def measurement(self) -> Measurement:
         """The derived measurement: the source's tags but `across`, a field per source field and statistic."""
         source = CATALOG[self.source]
+        folded = " and ".join(self.across)
         return Measurement(
             name=self.name,
-            description=f"spread of {source.name} across {self.across}, per node and period",
+            description=f"spread of {source.name} across {folded}, per node and period",
             roles=source.roles,
-            tags=tuple(tag for tag in source.tags if tag != self.across),
+            tags=tuple(tag for tag in source.tags if tag not in self.across),
             fields=tuple(
-                Field(f"{field}_{stat}", "", f"{stat} of {field} across {self.across}")
+                Field(f"{field}_{stat}", "", f"{stat} of {field} across {folded}")
                 for field in self.fields
                 for stat in self.STATS
             ),
@@ -315,7 +316,14 @@ class Spread:
 
 
 SPREADS: tuple[Spread, ...] = (
-    Spread("validator_scores_spread", "validator_scores", "eval_uid", ("score", "moving_avg_score", "weight")),
+    Spread("validator_scores_spread", "validator_scores", ("eval_uid",), ("score", "moving_avg_score", "weight")),
+    Spread(
+        "gpu_spread",
+        "gpu",
+        ("gpu_uuid", "gpu_index", "gpu_name"),
+        ("memory_used_bytes", "utilization_percent", "temperature_c", "power_w"),
+    ),
+    Spread("gpu_memory_spread", "gpu_memory", ("gpu_uuid", "gpu_index"), ("allocated_bytes", "reserved_bytes")),
 )
 SPREAD_OF: dict[str, Spread] = {s.source: s for s in SPREADS}
 # Every measurement a query may name: the catalog's and the ones the store derives.

@@ -514,44 +514,63 @@ def test_busiest_measurements_read_the_copy_from_a_sixth_of_the_raw_limit(teleme
         assert not has_values(answer("A-long", always)), title
 
 
-def _score_fleet_rows(server: InfluxV1, database: str, ref_id: str, uid: list[str] | None) -> dict[int, list]:
-    """The Score panel's fleet target `ref_id` at a 5-minute interval: {bucket start ms: [median, p90, max]}."""
-    dashboard = BY_UID["telemetry-validators"]
-    query = next(
-        q
-        for q in dash.panel_queries(dashboard, DATASOURCES)
-        if q.name == "Score per evaluated miner" and q.ref_id == ref_id
-    )
+def _fleet_rows(server: InfluxV1, database: str, panel: tuple[str, str], ref_id: str, chosen: dict) -> dict:
+    """A panel's fleet target `ref_id` at a 5-minute interval: {bucket start ms: [median, p90, max]}."""
+    dashboard = BY_UID[panel[0]]
+    query = next(q for q in dash.panel_queries(dashboard, DATASOURCES) if q.name == panel[1] and q.ref_id == ref_id)
+    if ref_id.endswith("-long"):
+        assert '_spread"' in query.text, query.text
     time_range = LONG_RANGE if ref_id.endswith("-long") else RANGE
-    values = dash.all_selected(dashboard) | {"uid": uid}
+    values = dash.all_selected(dashboard) | chosen
     text = dash.expand(query, time_range, values, dashboard=dashboard, interval=timedelta(minutes=5))
     series = run(server, database, text)
     assert [s["columns"] for s in series] == [["time", "median", "p90", "max"]], text
     return {row[0]: row[1:] for row in series[0]["values"]}
 
 
-def test_score_fleet_view_reads_the_same_from_the_spread_as_from_the_raw_data(
-    telemetry_db: tuple[InfluxV1, str],
+# A fleet panel that reads a Spread over long ranges, what it shows, and variables that leave one node.
+SPREAD_PANELS = [
+    (("telemetry-validators", "Score per evaluated miner"), "score", "validator_scores", {"uid": ["11"]}),
+    (("telemetry-validators", "Weight per evaluated miner"), "weight", "validator_scores", {"uid": ["10"]}),
+    (("telemetry-system", "GPU utilisation"), "utilization_percent", "gpu", {"network": ["testnet"]}),
+    (("telemetry-system", "GPU memory allocated"), "allocated_bytes", "gpu_memory", {"network": ["testnet"]}),
+]
+
+
+@pytest.mark.parametrize(
+    ("panel", "field", "measurement", "one_node"), SPREAD_PANELS, ids=[p[0][1] for p in SPREAD_PANELS]
+)
+def test_fleet_view_reads_the_same_from_a_spread_as_from_the_raw_data(
+    telemetry_db: tuple[InfluxV1, str], panel: tuple[str, str], field: str, measurement: str, one_node: dict
 ) -> None:
-    """Over a long range the score panels read validator_scores_spread (a series per validator), not the
-    copy's series per validator and evaluated miner. For one validator its median, p90 and max per
-    5 minutes are the raw data's; over every validator the max still is, and the median and p90 are
-    the median of the validators' own (each lies between the smallest and largest validator's)."""
+    """Over a long range the panel reads its Spread (a series per node), not the copy's series per
+    node and evaluated miner or device. For one node its median, p90 and max per 5 minutes are the
+    raw data's; over every node the max still is, and the median and p90 are the median of the
+    nodes' own (each lies between the smallest and largest node's)."""
     server, database = telemetry_db
     whole = [t for t in range(RANGE.start_ms, RANGE.end_ms - 300_000 + 1) if t % 300_000 == 0]
     assert len(whole) >= 4
-    for uid in VALIDATORS:
-        raw = _score_fleet_rows(server, database, "A", [uid])
-        spread = _score_fleet_rows(server, database, "A-long", [uid])
-        for start in whole:
-            assert spread[start] == pytest.approx(raw[start]), (uid, start)
-    per_validator = {uid: _score_fleet_rows(server, database, "A", [uid]) for uid in VALIDATORS}
-    raw_all = _score_fleet_rows(server, database, "A", None)
-    spread_all = _score_fleet_rows(server, database, "A-long", None)
+    raw = _fleet_rows(server, database, panel, "A", one_node)
+    spread = _fleet_rows(server, database, panel, "A-long", one_node)
+    for start in whole:
+        assert spread[start] == pytest.approx(raw[start]), start
+    per_node = server.query(
+        f'SELECT median("{field}"), percentile("{field}", 90), max("{field}") FROM "{measurement}" '
+        f'WHERE time >= {RANGE.start_ms}ms AND time <= {RANGE.end_ms}ms GROUP BY time(5m), "uid"',
+        database,
+        epoch="ms",
+    )["results"][0]["series"]
+    assert len(per_node) > 1
+    own = {row[0]: [] for row in per_node[0]["values"]}
+    for node in per_node:
+        for row in node["values"]:
+            own.setdefault(row[0], []).append(row[1:])
+    raw_all = _fleet_rows(server, database, panel, "A", {})
+    spread_all = _fleet_rows(server, database, panel, "A-long", {})
     for start in whole:
         median, p90, highest = spread_all[start]
         assert highest == pytest.approx(raw_all[start][2])
+        assert highest == pytest.approx(max(node[2] for node in own[start]))
         for position, value in ((0, median), (1, p90)):
-            own = [rows[start][position] for rows in per_validator.values()]
-            assert min(own) <= value <= max(own)
-    assert len(VALIDATORS) > 1
+            values = [node[position] for node in own[start]]
+            assert min(values) <= value <= max(values)

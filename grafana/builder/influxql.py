@@ -170,16 +170,16 @@ def fleet_from_spread(
     """`fleet` over the catalog's Spread of `measurement`, for the copy; None when there is none for it.
 
     The Spread holds, per node and period, the median, p90 and max across the
-    tag folded away (each validator's scores of all its evaluated miners). The
-    fleet's median and p90 are then the median of the nodes' medians and p90s
-    (the typical validator's), and its max the largest max: exact. Reading a
+    tags folded away (a validator's scores of all its evaluated miners, a node's
+    GPUs). The fleet's median and p90 are then the median of the nodes' medians
+    and p90s (the typical node's), and its max the largest max: exact. Reading a
     series per validator, not one per validator and evaluated miner, took the
     score panels over a day of the reference fleet from 7-8 s to under a second.
     """
     spread = SPREAD_OF.get(measurement)
-    if spread is None or field not in spread.fields or lowest_is_worst or spread.across in by:
+    if spread is None or field not in spread.fields or lowest_is_worst or set(spread.across) & set(by):
         return None
-    where = variable_filters([tag for tag in filters if tag != spread.across])
+    where = variable_filters([tag for tag in filters if tag not in spread.across])
     stats = f'median("{field}_median") AS "median", median("{field}_p90") AS "p90", max("{field}_max") AS "max"'
     return influx_select(stats, spread.name, by=by, extra_where=_where(where, fleet_view(variable)))
 

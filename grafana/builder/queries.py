@@ -73,6 +73,15 @@ def fleet_and_nodes(
     return [fleet_target, metrics_target(refs[1], nodes, f"{prefix}{node_legend}{tags}")]
 
 
+def spread_note(beyond: str, whose: str, across: str = "") -> str:
+    """For a fleet panel's description: how its long ranges read a Spread (InfluxDB; VictoriaMetrics has no copy)."""
+    if _victoria():
+        return ""
+    return (
+        f" (beyond {beyond}: {whose} median and p90{across} per 5 minutes, then their median; the maximum stays exact)"
+    )
+
+
 def node_series(
     ref: str,
     agg: str,

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 from grafana.builder.panels import Layout, dashboard
-from grafana.builder.queries import fleet_and_nodes, worst_nodes
+from grafana.builder.queries import fleet_and_nodes, spread_note, worst_nodes
 from grafana.builder.targets import Json
 from grafana.builder.variables import node_variables
 
 FLEET = "With every node selected: median, p90 and maximum across the nodes; a few chosen in UID: one line each."
-FLEET_GPU = (
-    "With every node selected: median, p90 and maximum across the devices; with a few nodes chosen in UID: "
-    "one line per device."
-)
+
 GPU = {"by": (), "node_by": ("uid", "gpu_index"), "node_legend": "{uid} gpu{gpu_index}"}
 
 
 def build() -> Json:
+    long_range = spread_note("an hour", "each node's", " across its devices")
+    fleet_gpu = (
+        f"With every node selected: median, p90 and maximum across the devices{long_range}; "
+        "with a few nodes chosen in UID: one line per device."
+    )
     ly = Layout()
     ly.row("Host")
     ly.timeseries(
@@ -59,35 +61,35 @@ def build() -> Json:
     ly.row("GPU")
     ly.timeseries(
         "GPU memory allocated",
-        f"torch.cuda memory held by tensors. {FLEET_GPU}",
+        f"torch.cuda memory held by tensors. {fleet_gpu}",
         *fleet_and_nodes("allocated_bytes", "gpu_memory", **GPU),
         unit="bytes",
     )
     ly.timeseries(
         "GPU memory cached (reserved)",
-        f"torch.cuda memory reserved by the caching allocator. {FLEET_GPU}",
+        f"torch.cuda memory reserved by the caching allocator. {fleet_gpu}",
         *fleet_and_nodes("reserved_bytes", "gpu_memory", **GPU),
         unit="bytes",
     )
     ly.timeseries(
         "GPU utilisation",
-        f"NVML utilisation. {FLEET_GPU}",
+        f"NVML utilisation. {fleet_gpu}",
         *fleet_and_nodes("utilization_percent", "gpu", **GPU),
         unit="percent",
     )
     ly.timeseries(
         "GPU memory used (all processes)",
-        f"Device memory in use by every process. {FLEET_GPU}",
+        f"Device memory in use by every process. {fleet_gpu}",
         *fleet_and_nodes("memory_used_bytes", "gpu", **GPU),
         unit="bytes",
     )
     ly.timeseries(
         "GPU temperature",
-        f"Device temperature. {FLEET_GPU}",
+        f"Device temperature. {fleet_gpu}",
         *fleet_and_nodes("temperature_c", "gpu", node_agg="max", **GPU),
         unit="celsius",
     )
-    ly.timeseries("GPU power", f"Power draw. {FLEET_GPU}", *fleet_and_nodes("power_w", "gpu", **GPU), unit="watt")
+    ly.timeseries("GPU power", f"Power draw. {fleet_gpu}", *fleet_and_nodes("power_w", "gpu", **GPU), unit="watt")
     ly.table(
         "Hottest GPUs",
         "The five nodes whose devices ran hottest (highest temperature) in the time range.",

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from grafana.builder.backend import current_backend
 from grafana.builder.panels import Layout, dashboard
-from grafana.builder.queries import fleet_and_nodes, node_series, worst_nodes
+from grafana.builder.queries import fleet_and_nodes, node_series, spread_note, worst_nodes
 from grafana.builder.targets import Json
 from grafana.builder.variables import metric_variable, node_variables
 
@@ -41,16 +40,10 @@ def build() -> Json:
         "node_legend": "{eval_uid}",
         "variable": "eval_uid",
     }
-    # On InfluxDB long ranges read validator_scores_spread (docs/dashboards.md); VictoriaMetrics has no copy.
-    spread = (
-        " (beyond half an hour: each validator's median and p90 per 5 minutes, then their median;"
-        " the maximum stays exact)"
-        if current_backend() == "influxdb"
-        else ""
-    )
+    long_range = spread_note("half an hour", "each validator's")
     fleet = (
         "With every evaluated miner selected: median, p90 and maximum across the scores the selected "
-        f"validators gave{spread}; with a few chosen in Evaluated UID: one line per evaluated miner."
+        f"validators gave{long_range}; with a few chosen in Evaluated UID: one line per evaluated miner."
     )
     ly.timeseries(
         "Score per evaluated miner",
