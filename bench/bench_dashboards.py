@@ -34,7 +34,8 @@ continuous_queries.md, "Common issues with basic syntax", issue 3: "Backfilling
 results for older data"). The bench runs the continuous queries' own SELECT ...
 INTO (grafana.builder.downsampling.influxql_backfill) an hour at a time over the
 backfilled hours: with the same GROUP BY time(5m) the periods, and so the points
-written, are those the continuous queries write as the data arrives. The series
+written, are those the continuous queries write as the data arrives; the same
+goes for the spreads beside the copy (validator_scores_spread, gpu_spread...). The series
 count the catalog implies (telemetry_client.cardinality) is printed beside the
 one the database holds.
 """
@@ -236,7 +237,8 @@ def fill(url: str, database: str, shape: FleetShape, workers: int) -> datetime:
             if error:
                 raise RuntimeError(f"{error}: {statement}")
         chunk_start = chunk_end
-    print(f"downsampled copy (what the continuous queries write) filled in {time.perf_counter() - start:.0f} s")
+    seconds = time.perf_counter() - start
+    print(f"downsampled copy and spreads (what the continuous queries write) filled in {seconds:.0f} s")
     rows = json.loads(_get(url, database, "SHOW SERIES EXACT CARDINALITY"))["results"][0].get("series", [])
     print(f"series in the database: {sum(s['values'][0][0] for s in rows):,}")
     return end
