@@ -8,7 +8,6 @@ from grafana.builder.targets import Json
 from grafana.builder.variables import node_variables
 
 FLEET = "With every node selected: median, p90 and maximum across the nodes; a few chosen in UID: one line each."
-
 GPU = {"by": (), "node_by": ("uid", "gpu_index"), "node_legend": "{uid} gpu{gpu_index}"}
 
 
