@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from simulator import dashboards as dash
-from telemetry_client.catalog import CATALOG, DROP_REASONS, QUERYABLE, STANDARD_TAGS
+from telemetry_client.catalog import CATALOG, DROP_REASONS, QUERYABLE, SPREADS, STANDARD_TAGS, Spread
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAFANA = ROOT / "grafana"
@@ -361,3 +361,22 @@ def test_alert_queries_name_only_catalog_measurements_and_stream_labels(rule: st
         refs = dash.logql_references(text)
         assert refs.problems == () and refs.stream_labels <= dash.LOKI_STREAM_LABELS, text
         assert refs.grouping_labels <= dash.LOKI_STREAM_LABELS, text
+
+
+@pytest.mark.parametrize("spread", SPREADS, ids=lambda s: s.name)
+def test_spread_tasks_write_the_fields_the_dashboards_read(spread: Spread) -> None:
+    """The 2.x task groups by every tag but the folded ones, computes InfluxQL's median (exact_mean) and
+    nearest-rank p90 (exact_selector) rather than Flux's t-digest default, and renames each result to
+    the Spread's measurement and `<field>_<stat>` field that fleet_from_spread reads."""
+    text = (GRAFANA / f"downsampling/tasks/{spread.name}.flux").read_text()
+    grouped = re.search(r"group\(columns: \[([^\]]*)\]\)", text)
+    assert grouped, text
+    columns = {c.strip().strip('"') for c in grouped.group(1).split(",")}
+    assert columns == {"_measurement", "_field", *STANDARD_TAGS, *CATALOG[spread.source].tags} - set(spread.across)
+    assert f'r._measurement == "{spread.source}"' in text
+    assert 'quantile(q: 0.5, method: "exact_mean"' in text and 'quantile(q: 0.9, method: "exact_selector"' in text
+    suffixes = re.findall(rf'_measurement: "{spread.name}", _field: r\._field \+ "_(\w+)"', text)
+    assert sorted(suffixes) == sorted(spread.STATS)
+    written = {f"{field}_{stat}" for field in spread.fields for stat in suffixes}
+    assert written == set(spread.measurement.field_names)
+    assert text.count('to(bucket: "@DOWNSAMPLED_BUCKET@")') == len(spread.STATS)
