@@ -60,7 +60,9 @@ DOWNSAMPLE_EVERY = "5m"
 # 6.7-10.7 s at six hours (GPU) and about 3 s at one hour (scores), against
 # 0.3-1.1 s from the copy, which has a point per 5 minutes (a 6-hour panel draws
 # 72 per line, a 1-hour score panel 12). "always" (ALWAYS_RAW_MS) still keeps
-# them on the raw data.
+# them on the raw data. From the same point on, the fleet views of the score and
+# GPU panels read their Spread (a series per node) rather than the copy; see
+# fleet_from_spread.
 EARLY_COPY_DIVISOR = {"validator_scores": 12, "telemetry_client": 6, "gpu": 6, "gpu_memory": 6}
 _MEASUREMENTS = re.compile(r'FROM "((?:[^"\\]|\\.)*)"')
 
