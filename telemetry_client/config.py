@@ -79,6 +79,7 @@ class Setting:
     value: Any
     source: str
     secret: bool = False
+    problem: str = ""  # why a value that was given is not the one used (empty: none)
 
     @property
     def shown(self) -> str:
@@ -450,8 +451,8 @@ def exit_timeout_setting(environ: Mapping[str, str] | None = None) -> Setting:
     try:
         return Setting("exit_timeout", max(0.0, float(raw)), f"env {ENV_EXIT_TIMEOUT}")
     except ValueError:
-        source = f"default (env {ENV_EXIT_TIMEOUT}={raw!r} is not a number)"
-        return Setting("exit_timeout", DEFAULT_EXIT_TIMEOUT, source)
+        problem = f"env {ENV_EXIT_TIMEOUT}={raw!r} is not a number"
+        return Setting("exit_timeout", DEFAULT_EXIT_TIMEOUT, f"default ({problem})", problem=problem)
 
 
 def handle_sigterm_setting(environ: Mapping[str, str] | None = None) -> Setting:

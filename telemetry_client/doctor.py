@@ -125,7 +125,7 @@ def process_check(environ: dict[str, str] | None = None) -> Check:
     settings = (timeout, sigterm)
     details = {s.name: {"value": s.value, "source": s.source} for s in settings}
     text = "; ".join(f"{s.name}={s.value} ({s.source})" for s in settings)
-    if "not a number" in timeout.source:
+    if timeout.problem:
         fix = f"Set {client_config.ENV_EXIT_TIMEOUT} to a number of seconds (default 3)."
         return warn(name, f"{text}.", fix, settings=details)
     return ok(name, f"{text}.", settings=details)

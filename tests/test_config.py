@@ -86,7 +86,10 @@ def test_loki_present_but_wrong_raises():
 def test_exit_timeout_source():
     assert exit_timeout_setting({}).source == "default"
     assert exit_timeout_setting({"TELEMETRY_EXIT_TIMEOUT": "1.5"}).value == 1.5
-    assert "not a number" in exit_timeout_setting({"TELEMETRY_EXIT_TIMEOUT": "x"}).source
+    ignored = exit_timeout_setting({"TELEMETRY_EXIT_TIMEOUT": "x"})
+    assert "not a number" in ignored.source and ignored.value == 3.0
+    assert ignored.problem == "env TELEMETRY_EXIT_TIMEOUT='x' is not a number"
+    assert exit_timeout_setting({"TELEMETRY_EXIT_TIMEOUT": "5"}).problem == ""
 
 
 def test_handle_sigterm_is_resolved_like_every_switch():

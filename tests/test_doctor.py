@@ -810,6 +810,10 @@ def test_the_process_settings_are_shown_and_a_bad_sigterm_switch_fails(tmp_path)
     process = _verdicts(report)["Process configuration"]
     assert code == 2 and process["status"] == "FAIL"
     assert "'maybe'" in process["evidence"] and "TELEMETRY_HANDLE_SIGTERM" in process["fix"]
+    _, report, _ = _doctor({"TELEMETRY_EXIT_TIMEOUT": "3s"}, home=tmp_path)
+    process = _verdicts(report)["Process configuration"]
+    assert process["status"] == "WARN" and "'3s' is not a number" in process["evidence"]
+    assert "TELEMETRY_EXIT_TIMEOUT" in process["fix"] and process["details"]["settings"]["exit_timeout"]["value"] == 3.0
 
 
 def test_nothing_configured_warns_and_says_what_to_set(tmp_path):
