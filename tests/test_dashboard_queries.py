@@ -561,7 +561,7 @@ def test_fleet_view_reads_the_same_from_a_spread_as_from_the_raw_data(
         epoch="ms",
     )["results"][0]["series"]
     assert len(per_node) > 1
-    own = {row[0]: [] for row in per_node[0]["values"]}
+    own: dict[int, list] = {}  # bucket start ms: [median, p90, max] of each node
     for node in per_node:
         for row in node["values"]:
             own.setdefault(row[0], []).append(row[1:])
