@@ -7,6 +7,7 @@ from the same sources as grafana/dashboards/; every panel exists in both sets
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import math
 import re
@@ -29,6 +30,7 @@ from test_dashboard_queries import (
 )
 
 from grafana.builder.backend import BACKENDS, building_for, current_backend
+from grafana.builder.dialects import DIALECTS, Dialect, current_dialect
 from simulator import dashboards as dash
 from simulator.victoria import PromQL, variable_call
 from telemetry_client.catalog import CATALOG, STANDARD_TAGS
@@ -72,6 +74,67 @@ def test_a_build_in_another_thread_keeps_its_own_backend() -> None:
         thread.start()
         thread.join()
     assert seen == ["influxdb"]
+
+
+def test_every_backend_has_a_dialect_with_the_whole_interface() -> None:
+    abstract = {name for name, member in vars(Dialect).items() if getattr(member, "__isabstractmethod__", False)}
+    assert {"target", "fleet_target", "rule_mean", "rule_reporting"} <= abstract
+    assert set(DIALECTS) == set(BACKENDS)
+    for backend, dialect in DIALECTS.items():
+        assert dialect.backend == backend
+        assert not type(dialect).__abstractmethods__, backend
+        assert abstract <= set(vars(type(dialect))), backend
+        assert dialect.store_name and dialect.datasource["uid"], backend
+    with building_for("victoriametrics"):
+        assert current_dialect() is DIALECTS["victoriametrics"]
+    assert current_dialect() is DIALECTS["influxdb"]
+
+
+# The modules whose helpers build panels and rules: only the dialects may know a backend by name.
+_NEUTRAL_SOURCES = sorted(
+    path
+    for folder in ("builder", "alerting_src", "dashboards_src")
+    for path in (GRAFANA / folder).glob("*.py")
+    if path.name not in {"backend.py", "dialects.py"}
+)
+
+
+def _backend_branches(source: str) -> list[str]:
+    """Where `source` asks for the backend or compares, matches or keys on a backend's name."""
+
+    def names_backend(node: ast.AST | None) -> bool:
+        return isinstance(node, ast.Constant) and node.value in BACKENDS
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.Name | ast.Attribute) and "current_backend" in (
+            getattr(node, "id", None),
+            getattr(node, "attr", None),
+        ):
+            found.append(f"line {line}: current_backend")
+        elif isinstance(node, ast.ImportFrom) and any(alias.name == "current_backend" for alias in node.names):
+            found.append(f"line {line}: imports current_backend")
+        elif isinstance(node, ast.Compare) and any(names_backend(n) for n in (node.left, *node.comparators)):
+            found.append(f"line {line}: compares with a backend name")
+        elif isinstance(node, ast.MatchValue) and names_backend(node.value):
+            found.append(f"line {line}: matches a backend name")
+        elif isinstance(node, ast.Dict) and any(names_backend(key) for key in node.keys):
+            found.append(f"line {line}: keyed by backend name")
+    return found
+
+
+def test_the_branch_check_finds_a_branch_on_the_backend() -> None:
+    assert _backend_branches('def f():\n    return current_backend() == "victoriametrics"\n')
+    assert _backend_branches('x = {"influxdb": 1}[b]\n')
+    assert _backend_branches('if b != "influxdb":\n    pass\n')
+    assert not _backend_branches('with building_for("victoriametrics"):\n    pass\n')
+
+
+@pytest.mark.parametrize("path", _NEUTRAL_SOURCES, ids=lambda path: f"{path.parent.name}/{path.name}")
+def test_no_helper_branches_on_the_backend_outside_the_dialects(path: Path) -> None:
+    """A helper asks current_dialect() for its text: a new store is a new Dialect, not a branch in every helper."""
+    assert _backend_branches(path.read_text(encoding="utf-8")) == []
 
 
 # ---------------------------------------------------------------- the generated set

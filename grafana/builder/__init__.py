@@ -1,9 +1,10 @@
 """The shared builder of the Grafana dashboards and alert rules.
 
 - backend: which metrics store (InfluxDB or VictoriaMetrics) a build writes for
-- targets: the data sources and query targets (INFLUX, VICTORIAMETRICS, LOKI, metrics_target...)
+- dialects: each store's query language as one object (InfluxQL, MetricsQL), chosen once per build
+- targets: the data sources and the shapes of query targets (INFLUX, VICTORIAMETRICS, LOKI...)
 - queries: backend-neutral panel queries (fleet_and_nodes, worst_nodes, counter_rates...) and LogQL
-- influxql / metricsql: the text of those queries in each metrics language
+- influxql / metricsql: the dashboards' text of those queries in each metrics language
 - variables: template variables (node_variables and friends)
 - panels: Layout (panel placement) and dashboard (the envelope)
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from grafana.builder.backend import current_backend
-from grafana.builder.targets import INFLUX, LOKI, VICTORIAMETRICS, Json
+from grafana.builder.dialects import current_dialect
+from grafana.builder.targets import LOKI, Json
 
 EXPR_UID = "__expr__"
 EXPRESSION_DATASOURCE: dict[str, str] = {"type": "__expr__", "uid": EXPR_UID}
@@ -66,54 +66,22 @@ class TimeRange:
         return {"from": bound(self.start), "to": bound(self.end)}
 
 
-def influx_query(ref: str, query: str, window: TimeRange) -> Json:
-    """An InfluxQL query (raw, as the dashboards write them) over `window`."""
-    return {
-        "refId": ref,
-        "relativeTimeRange": window.to_json(),
-        "datasourceUid": INFLUX["uid"],
-        "model": {
-            "refId": ref,
-            "datasource": INFLUX,
-            "rawQuery": True,
-            "query": query,
-            "resultFormat": "time_series",
-            "intervalMs": INTERVAL_MS,
-            "maxDataPoints": MAX_DATA_POINTS,
-        },
-    }
-
-
-def prometheus_query(ref: str, expr: str, window: TimeRange) -> Json:
-    """A MetricsQL query of the VictoriaMetrics data source, run as an instant query at the end of `window`.
-
-    The model is Grafana's Prometheus query (grafana/grafana pkg/promlib/models/query.go:
-    `expr`, `instant`/`range`, `editorMode`, beside the common refId, datasource,
-    intervalMs and maxDataPoints); `$__range` in `expr` is the window's length in
-    seconds, as Grafana's Prometheus backend interpolates it.
-    """
-    return {
-        "refId": ref,
-        "relativeTimeRange": window.to_json(),
-        "datasourceUid": VICTORIAMETRICS["uid"],
-        "model": {
-            "refId": ref,
-            "datasource": VICTORIAMETRICS,
-            "expr": expr,
-            "instant": True,
-            "range": False,
-            "editorMode": "code",
-            "intervalMs": INTERVAL_MS,
-            "maxDataPoints": MAX_DATA_POINTS,
-        },
-    }
-
-
 def metrics_query(ref: str, query: str, window: TimeRange) -> Json:
-    """A query of the metrics store being built for: InfluxQL for InfluxDB, MetricsQL for VictoriaMetrics."""
-    if current_backend() == "victoriametrics":
-        return prometheus_query(ref, query, window)
-    return influx_query(ref, query, window)
+    """A query of the metrics store being built for over `window`: InfluxQL for InfluxDB, MetricsQL (an instant
+    query at the end of the window) for VictoriaMetrics; the build's dialect writes the model's own fields."""
+    dialect = current_dialect()
+    return {
+        "refId": ref,
+        "relativeTimeRange": window.to_json(),
+        "datasourceUid": dialect.datasource["uid"],
+        "model": {
+            "refId": ref,
+            "datasource": dialect.datasource,
+            **dialect.alert_model(query),
+            "intervalMs": INTERVAL_MS,
+            "maxDataPoints": MAX_DATA_POINTS,
+        },
+    }
 
 
 def loki_query(ref: str, expr: str, window: TimeRange) -> Json:

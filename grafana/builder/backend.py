@@ -3,8 +3,9 @@
 The same dashboard and alert sources build twice: once for InfluxDB (InfluxQL, into
 grafana/dashboards/) and once for VictoriaMetrics (MetricsQL, into
 grafana/dashboards-victoriametrics/). The sources call backend-neutral helpers
-(grafana.builder.queries, targets, variables); each helper asks `current_backend()`
-which language to write. Build under one backend with `building_for`:
+(grafana.builder.queries, variables, alerts; grafana.alerting_src.queries); each
+helper asks the dialect of `current_backend()` (grafana.builder.dialects) for the
+text. Build under one backend with `building_for`:
 
     with building_for("victoriametrics"):
         dashboard = training.build()

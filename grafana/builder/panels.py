@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from grafana.builder.influxql import by_time_range
-from grafana.builder.targets import INFLUX, LOKI, Json
+from grafana.builder.dialects import current_dialect
+from grafana.builder.targets import LOKI, Json
 from grafana.builder.variables import raw_range_variable
 
 SCHEMA_VERSION = 41
@@ -60,10 +60,11 @@ class Layout:
         # Several queries' columns make one table, joined on their labels (the raw/long twins
         # of an InfluxQL target are one query: only one of them answers).
         merge = kind == "table" and len(targets) > 1
+        dialect = current_dialect()
         targets = [
             twin
             for target in targets
-            for twin in (by_time_range(target) if target["datasource"] == INFLUX else [target])
+            for twin in (dialect.panel_targets(target) if target["datasource"] == dialect.datasource else [target])
         ]
         panel: Json = {
             "type": kind,

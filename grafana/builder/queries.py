@@ -2,9 +2,10 @@
 
 A dashboard source (grafana/dashboards_src/) asks for a view, such as "the fleet
 as a distribution of this field, or one line per chosen node", and gets targets
-in the language of the backend being built for (grafana.builder.backend):
-InfluxQL from grafana.builder.influxql, MetricsQL from grafana.builder.metricsql.
-Neither language's text lives in the dashboard sources.
+in the language of the backend being built for: each helper asks the build's
+dialect (grafana.builder.dialects.current_dialect), InfluxQL for InfluxDB (text
+from grafana.builder.influxql), MetricsQL for VictoriaMetrics (from
+grafana.builder.metricsql). Neither language's text lives in the dashboard sources.
 
 Every metrics query names only measurements, fields and tags of
 telemetry_client/catalog.py, and every LogQL selector only the Loki stream labels
@@ -15,17 +16,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from grafana.builder import influxql, metricsql
-from grafana.builder.backend import current_backend
-from grafana.builder.targets import Json, metrics_target
+from grafana.builder.dialects import current_dialect
+from grafana.builder.targets import Json
 from telemetry_client.catalog import DROP_REASONS as _CATALOG_DROP_REASONS
 
 # Every reason the client drops data for: one series each on Telemetry health.
 DROP_REASONS: tuple[str, ...] = tuple(_CATALOG_DROP_REASONS)
 
 
-def _victoria() -> bool:
-    return current_backend() == "victoriametrics"
+def metrics_target(ref: str, query: str, legend: str = "", table: bool = False) -> Json:
+    """A target of the metrics backend being built for; `legend` is neutral ({uid}, {stat})."""
+    return current_dialect().target(ref, query, legend, table)
 
 
 def fleet_and_nodes(
@@ -50,36 +51,26 @@ def fleet_and_nodes(
     are further tags, each filtered by the template variable of the same name;
     `node_legend` names a node's line ({tag} for a tag's value).
     """
+    dialect = current_dialect()
     tags = "".join(f" {{{tag}}}" for tag in by)
     node_by = (*node_by, *by)
-    if _victoria():
-        fleet = metricsql.fleet(
-            field, measurement, lowest_is_worst=lowest_is_worst, by=by, filters=filters, variable=variable
-        )
-        nodes = metricsql.nodes(field, measurement, agg=node_agg, by=node_by, filters=filters, variable=variable)
-    else:
-        where = influxql.variable_filters(filters)
-        fleet = influxql.fleet(
-            field, measurement, lowest_is_worst=lowest_is_worst, by=by, extra_where=where, variable=variable
-        )
-        nodes = influxql.nodes(field, measurement, agg=node_agg, by=node_by, extra_where=where, variable=variable)
-    fleet_target = metrics_target(refs[0], fleet, f"{prefix}{{stat}}{tags}")
-    if not _victoria():
-        spread = influxql.fleet_from_spread(
-            field, measurement, lowest_is_worst=lowest_is_worst, by=by, filters=filters, variable=variable
-        )
-        if spread:
-            fleet_target[influxql.LONG_QUERY] = spread
-    return [fleet_target, metrics_target(refs[1], nodes, f"{prefix}{node_legend}{tags}")]
+    fleet = dialect.fleet_target(
+        refs[0],
+        f"{prefix}{{stat}}{tags}",
+        field,
+        measurement,
+        lowest_is_worst=lowest_is_worst,
+        by=by,
+        filters=filters,
+        variable=variable,
+    )
+    nodes = dialect.nodes(field, measurement, agg=node_agg, by=node_by, filters=filters, variable=variable)
+    return [fleet, dialect.target(refs[1], nodes, f"{prefix}{node_legend}{tags}")]
 
 
 def spread_note(beyond: str, whose: str, across: str = "") -> str:
     """For a fleet panel's description: how its long ranges read a Spread (InfluxDB; VictoriaMetrics has no copy)."""
-    if _victoria():
-        return ""
-    return (
-        f" (beyond {beyond}: {whose} median and p90{across} per 5 minutes, then their median; the maximum stays exact)"
-    )
+    return current_dialect().long_range_note(beyond, whose, across)
 
 
 def node_series(
@@ -93,12 +84,7 @@ def node_series(
     filters: Sequence[str] = (),
 ) -> Json:
     """`agg` (mean, max, min, last...) of `field` per interval, one line per `by` (a node, a task...)."""
-    if _victoria():
-        query = metricsql.per_node(field, measurement, agg=agg, by=by, filters=filters)
-    else:
-        query = influxql.influx_select(
-            f'{agg}("{field}")', measurement, by=by, extra_where=influxql.variable_filters(filters)
-        )
+    query = current_dialect().node_series(field, measurement, agg=agg, by=by, filters=filters)
     return metrics_target(ref, query, legend)
 
 
@@ -118,27 +104,15 @@ def worst_nodes(
     One value per node, then TOP/BOTTOM keeps the few, named: a short table
     whatever the fleet's size.
     """
-    if _victoria():
-        query = metricsql.worst_nodes(
-            field, measurement, count=count, lowest_is_worst=lowest_is_worst, agg=agg, tag=tag, filters=filters
-        )
-    else:
-        query = influxql.worst_nodes(
-            field,
-            measurement,
-            count=count,
-            lowest_is_worst=lowest_is_worst,
-            agg=agg,
-            tag=tag,
-            extra_where=influxql.variable_filters(filters),
-        )
+    query = current_dialect().worst_nodes(
+        field, measurement, count=count, lowest_is_worst=lowest_is_worst, agg=agg, tag=tag, filters=filters
+    )
     return metrics_target(ref, query, table=True)
 
 
 def fleet_tokens_per_sec_target() -> Json:
     """The selected miners' throughput added up (one mean per miner first, then the sum)."""
-    query = metricsql.tokens_per_sec_sum() if _victoria() else influxql.tokens_per_sec_sum()
-    return metrics_target("A", query, "tokens/s")
+    return metrics_target("A", current_dialect().tokens_per_sec_sum(), "tokens/s")
 
 
 def counter_rates(fields: Mapping[str, str], *, ref: str = "A", legend: str = "{sink}") -> Json:
@@ -150,19 +124,16 @@ def counter_rates(fields: Mapping[str, str], *, ref: str = "A", legend: str = "{
     with no derivative per process under a second aggregation. With several
     counters, {stat} in `legend` names each one's alias.
     """
-    query = metricsql.counter_rates(fields) if _victoria() else influxql.counter_rates(fields)
-    return metrics_target(ref, query, legend)
+    return metrics_target(ref, current_dialect().counter_rates(fields), legend)
 
 
 def most_dropped_nodes(count: int = 10) -> list[Json]:
     """A table of the nodes whose processes dropped the most records, with their other counters."""
-    if _victoria():
-        top, columns = metricsql.most_dropped(count)
-        refs = "BCDEFGH"
-        return [metrics_target("A", top, table=True)] + [
-            metrics_target(refs[i], query, table=True) for i, query in enumerate(columns)
-        ]
-    return [metrics_target("A", influxql.most_dropped(count), table=True)]
+    queries = current_dialect().most_dropped(count)
+    refs = "ABCDEFGH"
+    if len(queries) > len(refs):
+        raise ValueError(f"{len(queries)} queries for one table: at most {len(refs)}")
+    return [metrics_target(ref, query, table=True) for ref, query in zip(refs, queries, strict=False)]
 
 
 def loki_selector(*extra: str, level: bool = True) -> str:

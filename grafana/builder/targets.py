@@ -5,8 +5,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from grafana.builder.backend import current_backend
-
 Json = dict[str, Any]
 
 # Fixed uids of the provisioned data sources (grafana/provisioning/datasources/).
@@ -57,13 +55,6 @@ def prometheus_target(ref: str, expr: str, legend: str = "", table: bool = False
     if legend:
         target["legendFormat"] = legend
     return target
-
-
-def metrics_target(ref: str, query: str, legend: str = "", table: bool = False) -> Json:
-    """A target of the metrics backend being built for; `legend` is neutral ({uid}, {stat})."""
-    if current_backend() == "victoriametrics":
-        return prometheus_target(ref, query, prometheus_legend(legend), table)
-    return influx_target(ref, query, influx_alias(legend), table)
 
 
 def loki_target(ref: str, expr: str, legend: str = "", instant: bool = False) -> Json:

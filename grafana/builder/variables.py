@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from grafana.builder import influxql, metricsql
-from grafana.builder.backend import current_backend
+from grafana.builder.dialects import current_dialect
 from grafana.builder.influxql import ALWAYS_RAW_MS, LONG_RANGE_MS
-from grafana.builder.targets import INFLUX, LOKI, VICTORIAMETRICS, Json
+from grafana.builder.targets import LOKI, Json
 
 
 def _query_variable(
@@ -33,22 +32,12 @@ def _query_variable(
     }
 
 
-def influx_variable(name: str, label: str, key: str, source: str | None, depends_on: Sequence[str] = ()) -> Json:
-    """A SHOW TAG VALUES variable, narrowed by the variables chosen before it."""
-    query = influxql.show_tag_values(key, source, depends_on)
-    return _query_variable(name, label, INFLUX, query, query, ".*")
-
-
-def prometheus_variable(name: str, label: str, key: str, source: str | None, depends_on: Sequence[str] = ()) -> Json:
-    """A label_values() variable of the VictoriaMetrics (Prometheus) data source, narrowed the same way."""
-    query = metricsql.label_values(key, source, depends_on)
-    return _query_variable(name, label, VICTORIAMETRICS, query, query, ".*")
-
-
 def metric_variable(name: str, label: str, key: str, source: str | None, depends_on: Sequence[str] = ()) -> Json:
-    """The values of tag `key` (of measurement `source`, or of any) in the backend being built for."""
-    build = prometheus_variable if current_backend() == "victoriametrics" else influx_variable
-    return build(name, label, key, source, depends_on)
+    """The values of tag `key` (of measurement `source`, or of any) in the backend being built for,
+    narrowed by the variables chosen before it."""
+    dialect = current_dialect()
+    query = dialect.tag_values(key, source, depends_on)
+    return _query_variable(name, label, dialect.datasource, query, query, ".*")
 
 
 def node_variables(source: str | None) -> list[Json]:
