@@ -17,6 +17,9 @@ from types import ModuleType
 import pytest
 import yaml
 
+from grafana.builder import panels
+from grafana.builder.panels import MAX_PANEL_ID, Layout, panel_id
+from grafana.builder.targets import loki_target
 from simulator import dashboards as dash
 from telemetry_client.catalog import CATALOG, DROP_REASONS, QUERYABLE, SPREADS, STANDARD_TAGS, Spread
 
@@ -147,10 +150,74 @@ def test_dashboard_json_is_valid_with_unique_uids_and_panel_ids() -> None:
         json.dumps(dashboard)
         ids = [p["id"] for p in dash.iter_panels(dashboard)]
         assert len(ids) == len(set(ids)), dashboard["uid"]
-        assert all(isinstance(i, int) for i in ids)
+        assert all(isinstance(i, int) and 0 < i <= MAX_PANEL_ID < 2**31 for i in ids)
         for panel in dash.iter_panels(dashboard):
             grid = panel["gridPos"]
             assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24, panel["title"]
+
+
+def test_a_panel_id_is_its_title_s_rows_included() -> None:
+    """Rows and panels alike: the id names the panel, not its place, so `viewPanel=` links outlive a new panel."""
+    for dashboard in DASHBOARDS:
+        for panel in dash.iter_panels(dashboard):
+            assert panel["id"] == panel_id(panel["title"]), (dashboard["uid"], panel["title"])
+    assert any(panel["type"] == "row" for dashboard in DASHBOARDS for panel in dashboard["panels"])
+
+
+def _layout(*, inserted: bool) -> Layout:
+    layout = Layout()
+    log = loki_target("A", '{service="x"}')
+    layout.row("First")
+    layout.timeseries("One", "", log)
+    if inserted:
+        layout.row("New row")
+        layout.timeseries("Inserted", "", log, width=24)
+    layout.timeseries("Two", "", log)
+    layout.row("Second")
+    layout.table("Three", "", log)
+    return layout
+
+
+def test_inserting_a_panel_changes_no_other_panel_id() -> None:
+    before = {p["title"]: p["id"] for p in _layout(inserted=False).panels}
+    after = {p["title"]: p["id"] for p in _layout(inserted=True).panels}
+    assert {title: after[title] for title in before} == before
+    assert len(set(after.values())) == len(after)
+    assert after["Inserted"] not in before.values() and after["New row"] not in before.values()
+
+
+def test_inserting_a_panel_into_a_dashboard_keeps_every_committed_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row and a panel placed before everything else in each dashboard: the others keep their committed ids."""
+    committed = {d["uid"]: {p["title"]: p["id"] for p in dash.iter_panels(d)} for d in DASHBOARDS}
+    place = Layout._place
+
+    def first_an_extra_panel(self: Layout, panel: dict, width: int, height: int, key: str | None) -> None:
+        if not self.panels:
+            place(self, {"type": "row", "title": "Inserted row", "panels": []}, 24, 1, None)
+            place(self, {"type": "text", "title": "Inserted"}, 12, 8, None)
+        place(self, panel, width, height, key)
+
+    monkeypatch.setattr(Layout, "_place", first_an_extra_panel)
+    for build in _builder().BUILDERS.values():
+        dashboard = build()
+        ids = {p["title"]: p["id"] for p in dashboard["panels"]}
+        assert {"Inserted", "Inserted row"} <= set(ids), dashboard["uid"]
+        assert {title: ids[title] for title in committed[dashboard["uid"]]} == committed[dashboard["uid"]]
+
+
+def test_a_duplicate_panel_key_or_an_id_collision_fails_the_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    layout = Layout()
+    log = loki_target("A", '{service="x"}')
+    layout.timeseries("Errors", "", log)
+    with pytest.raises(ValueError, match="duplicate panel key"):
+        layout.timeseries("Errors", "", log)
+    layout.timeseries("Errors", "", log, key="Errors, again")  # another key, another id
+    assert len({p["id"] for p in layout.panels}) == 2
+    monkeypatch.setattr(panels, "panel_id", lambda key: 7)
+    layout = Layout()
+    layout.row("Logs")
+    with pytest.raises(ValueError, match="same id as the panel keyed 'Logs'"):
+        layout.timeseries("Lines", "", log)
 
 
 def test_panels_do_not_overlap() -> None:
