@@ -8,8 +8,8 @@ grafana/alerting/, MetricsQL into grafana/alerting-victoriametrics/, with the sa
 file names, rule uids, LogQL rules, contact points, policies and settings: a stack
 provisions the set of its metrics store.
 
-    python grafana/build_alerting.py          # rewrite both sets
-    python grafana/build_alerting.py --check  # exit 1 when either is out of date
+    python -m grafana.build_alerting          # rewrite both sets
+    python -m grafana.build_alerting --check  # exit 1 when either is out of date
 
 The files keep `${ALERT_...}` placeholders for the thresholds and durations; a
 deployment fills them in (grafana/alerting_src/render.py says why and how).
@@ -25,17 +25,13 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script from anywhere: grafana.* and telemetry_client live here
-    sys.path.insert(0, str(ROOT))
-
-from grafana.alerting_src import render as rd  # noqa: E402
-from grafana.alerting_src import settings as st  # noqa: E402
-from grafana.alerting_src.rules import groups  # noqa: E402
-from grafana.builder.alerts import rule_group  # noqa: E402
-from grafana.builder.backend import Backend, building_for  # noqa: E402
-from grafana.builder.targets import Json  # noqa: E402
-from grafana.dashboards_src import BUILDERS  # noqa: E402
+from grafana.alerting_src import render as rd
+from grafana.alerting_src import settings as st
+from grafana.alerting_src.rules import groups
+from grafana.builder.alerts import rule_group
+from grafana.builder.backend import Backend, building_for
+from grafana.builder.targets import Json
+from grafana.dashboards_src import BUILDERS
 
 OUT_DIR = Path(__file__).resolve().parent / "alerting"
 VICTORIAMETRICS_OUT_DIR = Path(__file__).resolve().parent / "alerting-victoriametrics"
@@ -198,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             path.write_text(text, encoding="utf-8")
     if args.check and stale:
         names = ", ".join(str(path) for path in stale)
-        print(f"out of date: {names}; run python grafana/build_alerting.py", file=sys.stderr)
+        print(f"out of date: {names}; run python -m grafana.build_alerting", file=sys.stderr)
         return 1
     for path in stale:
         print(f"wrote {path}")

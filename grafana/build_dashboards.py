@@ -6,8 +6,8 @@ keeps them identical, a review reads a few hundred lines of Python instead of
 thousands of lines of JSON, and tests/test_dashboards.py fails when the committed
 JSON differs from what the builder produces (run this after every change).
 
-    python grafana/build_dashboards.py          # rewrite both dashboard sets and grafana/downsampling/
-    python grafana/build_dashboards.py --check  # exit 1 when they are out of date
+    python -m grafana.build_dashboards          # rewrite both dashboard sets and grafana/downsampling/
+    python -m grafana.build_dashboards --check  # exit 1 when they are out of date
 
 The shared builder is the package grafana/builder/ (targets, queries, variables,
 panels); each dashboard is a module of grafana/dashboards_src/ with a build().
@@ -25,14 +25,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script from anywhere: grafana.* and telemetry_client live here
-    sys.path.insert(0, str(ROOT))
-
-from grafana.builder import downsampling  # noqa: E402
-from grafana.builder.backend import Backend, building_for  # noqa: E402
-from grafana.builder.queries import DROP_REASONS  # noqa: E402
-from grafana.dashboards_src import BUILDERS  # noqa: E402
+from grafana.builder import downsampling
+from grafana.builder.backend import Backend, building_for
+from grafana.builder.queries import DROP_REASONS
+from grafana.dashboards_src import BUILDERS
 
 __all__ = ["BUILDERS", "DROP_REASONS", "main", "render"]
 
@@ -81,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             path.write_text(text, encoding="utf-8")
     if args.check and stale:
         names = ", ".join(str(path) for path in stale)
-        print(f"out of date: {names}; run python grafana/build_dashboards.py", file=sys.stderr)
+        print(f"out of date: {names}; run python -m grafana.build_dashboards", file=sys.stderr)
         return 1
     for name in stale:
         print(f"wrote {name}")

@@ -21,7 +21,6 @@ should when it fires exactly under the faults that are meant to fire it.
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -30,6 +29,9 @@ from typing import Any, Protocol
 
 import yaml
 
+from grafana.alerting_src import render
+from grafana.alerting_src import settings as st
+from grafana.alerting_src.rules import RULES
 from simulator import dashboards as dash
 from simulator import expressions as ex
 from simulator.faults import ActiveFault
@@ -38,12 +40,6 @@ REPO = Path(__file__).resolve().parents[1]
 ALERTING_DIR = REPO / "grafana" / "alerting"
 # The rule set provisioned with each metrics backend (same uids, the metrics queries in its language).
 ALERTING_DIRS = {"influxdb": ALERTING_DIR, "victoriametrics": REPO / "grafana" / "alerting-victoriametrics"}
-
-
-def _repository_on_path() -> None:
-    """grafana/ (settings, rules, renderer) is part of the checkout, not of the installed packages."""
-    if (REPO / "grafana").is_dir() and str(REPO) not in sys.path:
-        sys.path.append(str(REPO))
 
 
 FIRING, NORMAL, NO_DATA, ERROR, SKIPPED = "FIRING", "NORMAL", "NO DATA", "ERROR", "SKIPPED"
@@ -88,9 +84,6 @@ class AlertCheck:
 
 def run_settings(load_seconds: float, window_seconds: float) -> dict[str, str]:
     """The settings the simulator evaluates with: `simulated` values, windows that span the run."""
-    _repository_on_path()
-    from grafana.alerting_src import settings as st
-
     span = str(max(1, math.ceil(load_seconds)))
     derived = {
         "ALERT_NODE_SILENT_LOOKBACK_SECONDS": span,
@@ -115,18 +108,12 @@ def fault_needs_seconds(kind: str, window_seconds: float) -> float:
 
 def load_rules(values: Mapping[str, str], directory: Path = ALERTING_DIR) -> list[tuple[str, dict[str, Any]]]:
     """(group name, rule) of the generated rules file with `values` filled in."""
-    _repository_on_path()
-    from grafana.alerting_src import render
-
     text = render.fill((directory / render.RULES_FILE).read_text(encoding="utf-8"), values)
     return [(group["name"], rule) for group in yaml.safe_load(text)["groups"] for rule in group["rules"]]
 
 
 def expected_rules(faults: Sequence[ActiveFault]) -> set[str]:
     """Uids of the rules the run's faults are meant to fire."""
-    _repository_on_path()
-    from grafana.alerting_src.rules import RULES
-
     kinds = {f.kind for f in faults}
     return {rule.uid for rule in RULES if kinds & set(rule.fired_by)}
 

@@ -261,7 +261,7 @@ def dashboards(settings: StackSettings) -> Check:
             f"{len(missing)} of {len(expected)} provisioned dashboards are not loaded: "
             + ", ".join(f"{expected[uid]} ({uid})" for uid in missing)
             + ".",
-            "Run `python grafana/build_dashboards.py`, then read `make logs SERVICE=grafana` for provisioning errors.",
+            "Run `python -m grafana.build_dashboards`, then read `make logs SERVICE=grafana` for provisioning errors.",
         )
     return ok(name, f"all {len(expected)} provisioned dashboards are loaded.", uids=sorted(expected))
 

@@ -61,7 +61,7 @@ def rendered(
 
 @SETS
 def test_committed_files_are_what_the_builder_generates(backend: str) -> None:
-    assert ba.main(["--check"]) == 0, "run python grafana/build_alerting.py"
+    assert ba.main(["--check"]) == 0, "run python -m grafana.build_alerting"
     for name, text in ba.render(backend).items():
         assert (DIRS[backend] / name).read_text() == text, name
 

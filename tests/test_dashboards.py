@@ -7,20 +7,24 @@ the Loki handler sets (body fields through `| json`).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
+import subprocess
+import sys
+import tomllib
 from datetime import timedelta
+from fnmatch import fnmatch
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import yaml
 
+from grafana import build_dashboards
 from grafana.builder import panels
 from grafana.builder.panels import MAX_PANEL_ID, Layout, panel_id
 from grafana.builder.targets import loki_target
 from simulator import dashboards as dash
+from simulator.alerting import ALERTING_DIRS
 from telemetry_client.catalog import CATALOG, DROP_REASONS, QUERYABLE, SPREADS, STANDARD_TAGS, Spread
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,14 +35,6 @@ QUERIES = list(dash.iter_queries(DASHBOARDS, DATASOURCES))
 INFLUX_QUERIES = [q for q in QUERIES if q.datasource_type == "influxdb"]
 LOKI_QUERIES = [q for q in QUERIES if q.datasource_type == "loki"]
 ALL_TAGS = set(STANDARD_TAGS).union(*(m.tag_names for m in CATALOG.values()))
-
-
-def _builder() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("build_dashboards", GRAFANA / "build_dashboards.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # ---------------------------------------------------------------- provisioning
@@ -88,6 +84,34 @@ def test_dashboard_provider_path_is_where_compose_mounts_the_dashboards() -> Non
     assert "../grafana/provisioning:/etc/grafana/provisioning:ro" in mounts
 
 
+# ---------------------------------------------------------------- the grafana package
+
+
+def test_grafana_is_a_package_whose_builds_run_as_modules() -> None:
+    """`python -m grafana.build_dashboards` and `grafana.build_alerting` import their package, no sys.path edits."""
+    for module in ("grafana.build_dashboards", "grafana.build_alerting"):
+        done = subprocess.run(
+            [sys.executable, "-m", module, "--check"], cwd=ROOT, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, (module, done.stderr)
+    sources = [*GRAFANA.rglob("*.py"), ROOT / "simulator" / "alerting.py"]
+    assert [path for path in sources if "sys.path" in path.read_text(encoding="utf-8")] == []
+    assert (GRAFANA / "__init__.py").read_text(encoding="utf-8").startswith('"""')
+
+
+def test_an_installed_copy_carries_the_generated_files() -> None:
+    """pyproject.toml packages grafana with its generated files, so `pip install .` needs no checkout."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    assert "grafana*" in setuptools["packages"]["find"]["include"]
+    globs = setuptools["package-data"]["grafana"]
+    read = [dash.DASHBOARDS_DIR, dash.VICTORIAMETRICS_DASHBOARDS_DIR, *ALERTING_DIRS.values()]
+    read += [dash.DATASOURCES_DIR, dash.VICTORIAMETRICS_DATASOURCES_DIR, GRAFANA / "downsampling"]
+    files = [path for folder in read for path in folder.rglob("*") if path.is_file()]
+    assert len(files) > 20
+    left_out = [path for path in files if not any(fnmatch(path.relative_to(GRAFANA).as_posix(), g) for g in globs)]
+    assert left_out == []
+
+
 # ---------------------------------------------------------------- dashboards
 
 
@@ -104,21 +128,19 @@ def test_dashboards_are_the_six_expected_ones() -> None:
 
 
 def test_committed_downsampling_setup_is_what_the_builder_generates() -> None:
-    builder = _builder()
-    for path, text in builder.render_all(GRAFANA / "dashboards", GRAFANA / "downsampling").items():
-        assert path.read_text(encoding="utf-8") == text, f"{path} is stale: run python grafana/build_dashboards.py"
+    for path, text in build_dashboards.render_all(GRAFANA / "dashboards", GRAFANA / "downsampling").items():
+        assert path.read_text(encoding="utf-8") == text, f"{path} is stale: run python -m grafana.build_dashboards"
 
 
 def test_committed_json_is_what_the_builder_generates() -> None:
-    rendered = _builder().render()
+    rendered = build_dashboards.render()
     on_disk = {p.name: p.read_text(encoding="utf-8") for p in (GRAFANA / "dashboards").glob("*.json")}
-    assert set(on_disk) == set(rendered), "run python grafana/build_dashboards.py"
+    assert set(on_disk) == set(rendered), "run python -m grafana.build_dashboards"
     for name, text in rendered.items():
-        assert on_disk[name] == text, f"{name} is stale: run python grafana/build_dashboards.py"
+        assert on_disk[name] == text, f"{name} is stale: run python -m grafana.build_dashboards"
 
 
 def test_builder_check_mode_reports_a_stale_file(tmp_path: Path) -> None:
-    builder = _builder()
     out = [
         "--out",
         str(tmp_path / "dashboards"),
@@ -127,20 +149,20 @@ def test_builder_check_mode_reports_a_stale_file(tmp_path: Path) -> None:
         "--victoriametrics-out",
         str(tmp_path / "dashboards-victoriametrics"),
     ]
-    assert builder.main(out) == 0
-    assert builder.main(["--check", *out]) == 0
+    assert build_dashboards.main(out) == 0
+    assert build_dashboards.main(["--check", *out]) == 0
     (tmp_path / "dashboards/logs.json").write_text("{}")
-    assert builder.main(["--check", *out]) == 1
-    assert builder.main(out) == 0
+    assert build_dashboards.main(["--check", *out]) == 1
+    assert build_dashboards.main(out) == 0
     (tmp_path / "dashboards-victoriametrics/system.json").write_text("{}")
-    assert builder.main(["--check", *out]) == 1
-    assert builder.main(out) == 0
+    assert build_dashboards.main(["--check", *out]) == 1
+    assert build_dashboards.main(out) == 0
     (tmp_path / "downsampling/tasks/system.flux").write_text("")
-    assert builder.main(["--check", *out]) == 1
+    assert build_dashboards.main(["--check", *out]) == 1
 
 
 def test_builder_knows_every_drop_reason_of_the_catalog() -> None:
-    assert tuple(_builder().DROP_REASONS) == DROP_REASONS
+    assert tuple(build_dashboards.DROP_REASONS) == DROP_REASONS
 
 
 def test_dashboard_json_is_valid_with_unique_uids_and_panel_ids() -> None:
@@ -198,7 +220,7 @@ def test_inserting_a_panel_into_a_dashboard_keeps_every_committed_id(monkeypatch
         place(self, panel, width, height, key)
 
     monkeypatch.setattr(Layout, "_place", first_an_extra_panel)
-    for build in _builder().BUILDERS.values():
+    for build in build_dashboards.BUILDERS.values():
         dashboard = build()
         ids = {p["title"]: p["id"] for p in dashboard["panels"]}
         assert {"Inserted", "Inserted row"} <= set(ids), dashboard["uid"]

@@ -1,6 +1,6 @@
 """The VictoriaMetrics dashboard set: MetricsQL twins of the InfluxQL panels, built by the same builder.
 
-Generated into grafana/dashboards-victoriametrics/ by grafana/build_dashboards.py
+Generated into grafana/dashboards-victoriametrics/ by python -m grafana.build_dashboards
 from the same sources as grafana/dashboards/; every panel exists in both sets
 (same dashboard uids, titles and panel ids), the Loki panels are the same LogQL.
 """
@@ -8,14 +8,12 @@ from the same sources as grafana/dashboards/; every panel exists in both sets
 from __future__ import annotations
 
 import ast
-import importlib.util
 import math
 import re
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import yaml
@@ -29,6 +27,7 @@ from test_dashboard_queries import (
     write_with_metrics_logger,
 )
 
+from grafana import build_dashboards
 from grafana.builder.backend import BACKENDS, building_for, current_backend
 from grafana.builder.dialects import DIALECTS, Dialect, current_dialect
 from simulator import dashboards as dash
@@ -41,14 +40,6 @@ VM_DIR = GRAFANA / "dashboards-victoriametrics"
 INFLUX_SET = dash.load_dashboards()
 VM_SET = dash.load_dashboards(VM_DIR)
 DATASOURCES = dash.load_datasources()
-
-
-def _builder() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("build_dashboards", GRAFANA / "build_dashboards.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # ---------------------------------------------------------------- the backend switch
@@ -141,11 +132,11 @@ def test_no_helper_branches_on_the_backend_outside_the_dialects(path: Path) -> N
 
 
 def test_committed_victoriametrics_json_is_what_the_builder_generates() -> None:
-    rendered = _builder().render("victoriametrics")
+    rendered = build_dashboards.render("victoriametrics")
     on_disk = {p.name: p.read_text(encoding="utf-8") for p in VM_DIR.glob("*.json")}
-    assert set(on_disk) == set(rendered), "run python grafana/build_dashboards.py"
+    assert set(on_disk) == set(rendered), "run python -m grafana.build_dashboards"
     for name, text in rendered.items():
-        assert on_disk[name] == text, f"{name} is stale: run python grafana/build_dashboards.py"
+        assert on_disk[name] == text, f"{name} is stale: run python -m grafana.build_dashboards"
 
 
 def _panels(dashboard: dict) -> dict[int, tuple[str, str]]:

@@ -673,7 +673,7 @@ def test_a_broken_stack_names_what_to_fix(influx_auth, tmp_path):
     assert "INFLUXDB_READ_TOKEN" in checks["Grafana data source 'influxdb'"].fix
     assert checks["Grafana data source 'loki'"].status is Status.FAIL
     assert checks["Grafana dashboards"].status is Status.FAIL
-    assert "build_dashboards.py" in checks["Grafana dashboards"].fix
+    assert "python -m grafana.build_dashboards" in checks["Grafana dashboards"].fix
     assert checks["Grafana alert rules"].status is Status.FAIL
     assert rules[0]["uid"] in checks["Grafana alert rules"].evidence
     assert checks["Node token"].status is Status.FAIL

@@ -8,6 +8,7 @@
 - variables: template variables (node_variables and friends)
 - panels: Layout (panel placement) and dashboard (the envelope)
 
-Import it as `grafana.builder` with the repository root on sys.path (as
-grafana/build_dashboards.py does); it needs telemetry_client.catalog from there.
+Part of the `grafana` package, installed beside telemetry_client (whose catalog it
+reads); `python -m grafana.build_dashboards` and `python -m grafana.build_alerting`
+run it.
 """
