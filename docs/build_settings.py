@@ -226,13 +226,9 @@ def _dataclasses_in(annotation: Any) -> Iterator[type]:
         yield from _dataclasses_in(argument)
 
 
-def _owner_name(obj: Any) -> str:
-    return obj.__name__
-
-
 def callable_entries(obj: Callable[..., Any]) -> tuple[list[Entry], list[type]]:
     """The entries of a public callable's parameters, and the settings dataclasses they take."""
-    owner = _owner_name(obj)
+    owner = obj.__name__
     env_names, resolve = ENVIRONMENT.get(owner, ({}, None))
     resolved = {s.name: s for s in resolve().settings} if resolve else {}
     target = obj.__init__ if inspect.isclass(obj) else obj
@@ -303,10 +299,13 @@ def sections() -> list[tuple[str, list[Entry]]]:
     dataclass_types: list[type] = []
     for obj in CALLABLES:
         entries, nested = callable_entries(obj)
-        found.append((_owner_name(obj), entries))
+        found.append((obj.__name__, entries))
         dataclass_types += [cls for cls in nested if cls not in dataclass_types]
-    for cls in dataclass_types:
+    for cls in dataclass_types:  # grows while it is read: a settings dataclass may hold others
         found.append((cls.__name__, dataclass_entries(cls)))
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            dataclass_types += [c for c in _dataclasses_in(hints.get(f.name)) if c not in dataclass_types]
     found.append((PROCESS_TITLE, process_entries()))
     found.append((LOKI_LIMITS_TITLE, loki_limit_entries()))
     return found

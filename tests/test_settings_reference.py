@@ -293,3 +293,22 @@ def test_a_wrong_figure_is_reported_with_its_place() -> None:
     assert agrees(stated, kind, 200_000) is False
     assert agrees(*figure_value(FIGURE.match("64 MiB")), 64 * 2**20) is True
     assert agrees(*figure_value(FIGURE.match("1 MB")), 2**20) is False  # MB is 10**6: say MiB
+
+
+@dataclass(frozen=True)
+class _Timeouts:
+    """A settings object as a grouped parameter would take."""
+
+    connect: float = 3.0  # seconds to connect
+
+
+def _grouped(url: str, *, timeouts: _Timeouts | None = None) -> None:
+    """A callable whose settings come as an object."""
+
+
+def test_a_settings_object_parameter_gets_its_fields_read() -> None:
+    entries, nested = BUILDER.callable_entries(_grouped)
+    assert [(e.name, e.default is BUILDER.REQUIRED) for e in entries] == [("url", True), ("timeouts", False)]
+    assert nested == [_Timeouts]
+    [connect] = BUILDER.dataclass_entries(_Timeouts)
+    assert (connect.qualified, connect.default, connect.meaning) == ("_Timeouts.connect", 3.0, "seconds to connect")
