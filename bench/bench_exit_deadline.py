@@ -20,6 +20,8 @@ import time
 from _common import ROOT
 from servers import free_port
 
+from telemetry_client.config import DEFAULT_EXIT_TIMEOUT, ENV_EXIT_TIMEOUT
+
 CHILD = r"""
 import sys, time
 from telemetry_client.metrics import MetricsLogger
@@ -60,7 +62,8 @@ def main() -> None:
     silent.bind(("127.0.0.1", 0))
     silent.listen(1024)  # the kernel accepts connections; nobody ever reads or answers
     silent_url = f"http://127.0.0.1:{silent.getsockname()[1]}"
-    print(f"time from the end's start to the process being gone (TELEMETRY_EXIT_TIMEOUT 3 s), {ROUNDS} rounds")
+    deadline = f"{ENV_EXIT_TIMEOUT} {DEFAULT_EXIT_TIMEOUT:g} s"
+    print(f"time from the end's start to the process being gone ({deadline}), {ROUNDS} rounds")
     print(f"{'server':10} {'ending':8} {'points':>8} {'median s':>9} {'max s':>7}")
     for name, url in (("refused", refused), ("silent", silent_url)):
         for ending in ("return", "sigterm"):

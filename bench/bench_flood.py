@@ -119,9 +119,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ladder = [5000, 10000, 15000, 20000, 30000, 40000]
     parser.add_argument("--steps", type=float, nargs="+", default=ladder, help="target points/s, in order")
-    parser.add_argument("--lines-ratio", type=float, default=0.1, help="log lines per point (default: 0.1)")
-    parser.add_argument("--seconds", type=float, default=10.0, help="seconds of load per step (default: 10)")
-    parser.add_argument("--processes", type=int, default=2, help="fleet worker processes (default: 2)")
+    parser.add_argument("--lines-ratio", type=float, default=0.1, help="log lines per point (default: %(default)s)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="seconds of load per step (default: %(default)s)")
+    parser.add_argument("--processes", type=int, default=2, help="fleet worker processes (default: %(default)s)")
     args = parser.parse_args()
 
     try:

@@ -31,14 +31,16 @@ import time
 
 from _common import ROOT, percentile
 
+from telemetry_client import BufferSettings
+
 FIELDS = {f"field_{k}": k * 0.5 for k in range(10)}
 SLOW_NS = 2_000_000
-SETTINGS = {"64 MiB": 64 * 2**20, "16 MiB": 16 * 2**20}
+DEFAULT_MAX_BYTES = BufferSettings().max_bytes
+SETTINGS = {f"{DEFAULT_MAX_BYTES / 2**20:g} MiB": DEFAULT_MAX_BYTES, "16 MiB": 16 * 2**20}
 
 
 def run_one(max_bytes: int, seconds: float, url: str) -> dict:
     from telemetry_client.metrics import MetricsLogger
-    from telemetry_client.shipping import BufferSettings
 
     full_passes: list[float] = []
     started: dict[str, int] = {}

@@ -132,8 +132,8 @@ def _per_node(step: Step) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=float, nargs="+", default=[5000, 10000, 20000], help="target points/s")
-    parser.add_argument("--seconds", type=float, default=8.0, help="seconds of load per step (default: 8)")
-    parser.add_argument("--processes", type=int, default=2, help="fleet worker processes (default: 2)")
+    parser.add_argument("--seconds", type=float, default=8.0, help="seconds of load per step (default: %(default)s)")
+    parser.add_argument("--processes", type=int, default=2, help="fleet worker processes (default: %(default)s)")
     parser.add_argument("--store", choices=["influxdb", "victoria"], action="append", help="default: both")
     args = parser.parse_args()
     from loki_receiver import LokiReceiver

@@ -126,7 +126,8 @@ def process_check(environ: dict[str, str] | None = None) -> Check:
     details = {s.name: {"value": s.value, "source": s.source} for s in settings}
     text = "; ".join(f"{s.name}={s.value} ({s.source})" for s in settings)
     if timeout.problem:
-        fix = f"Set {client_config.ENV_EXIT_TIMEOUT} to a number of seconds (default 3)."
+        default = client_config.DEFAULT_EXIT_TIMEOUT
+        fix = f"Set {client_config.ENV_EXIT_TIMEOUT} to a number of seconds (default {default:g})."
         return warn(name, f"{text}.", fix, settings=details)
     return ok(name, f"{text}.", settings=details)
 
