@@ -37,8 +37,8 @@ SETTINGS = {"64 MiB": 64 * 2**20, "16 MiB": 16 * 2**20}
 
 
 def run_one(max_bytes: int, seconds: float, url: str) -> dict:
+    from telemetry_client import BufferSettings
     from telemetry_client.metrics import MetricsLogger
-    from telemetry_client.shipping import BufferSettings
 
     full_passes: list[float] = []
     started: dict[str, int] = {}

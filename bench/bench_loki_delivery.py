@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from _common import dedicated_logger
 from loki_receiver import MB, Limits, LokiReceiver
 
+from telemetry_client._loki.sink import LokiSink
 from telemetry_client.loki import LokiHandler
-from telemetry_client.loki_sink import LokiSink
 
 STEADY_RATE = 2_000
 STEADY_SECONDS = 6.0

@@ -21,12 +21,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
+from telemetry_client._engine.shipping import Item
+from telemetry_client._engine.transport import HttpTransport
+from telemetry_client._influx.fields import DEFAULT_MAX_STRING_BYTES
 from telemetry_client.catalog import CATALOG, DELTA_SUFFIX, DROP_REASONS, SPARSE_DELTAS
 from telemetry_client.config import influxdb_config
-from telemetry_client.fields import DEFAULT_MAX_STRING_BYTES
 from telemetry_client.metrics import InfluxSink, MetricsLogger
-from telemetry_client.shipping import Item
-from telemetry_client.transport import HttpTransport
 
 NETWORK = "finney"
 VERSIONS = ("1.4.2", "1.4.1")

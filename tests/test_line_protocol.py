@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from influxdb_client import Point
 
-from telemetry_client import line_protocol as lp
-from telemetry_client.fields import FieldEncoder
-from telemetry_client.metrics import InfluxSink
-from telemetry_client.transport import HttpTransport
+from telemetry_client._engine.transport import HttpTransport
+from telemetry_client._influx import line_protocol as lp
+from telemetry_client._influx.fields import FieldEncoder
+from telemetry_client._influx.sink import InfluxSink
 
 # Text with the characters line protocol treats specially, plus unicode.
 tricky_text = st.text(

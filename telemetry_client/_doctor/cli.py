@@ -2,9 +2,9 @@
 
 It reads the configuration the loggers read, through `telemetry_client.config`
 (the same environment variables, nothing else), then checks each destination
-without storing anything (see doctor_server), and this machine (doctor_local).
+without storing anything (see `_doctor.server`), and this machine (`_doctor.local`).
 `--send-test` sends one point and one line through the real client and reads
-them back; `--stack` also checks the local stack (doctor_stack, `make doctor`).
+them back; `--stack` also checks the local stack (`_doctor.stack`, `make doctor`).
 
 Exit code: 0 every check OK, 1 the worst is a warning, 2 something failed.
 """
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from telemetry_client import config as client_config
-from telemetry_client.doctor_local import gpu_metrics, host_metrics, wandb_check, wandb_endpoint
-from telemetry_client.doctor_net import probe
-from telemetry_client.doctor_report import (
+from telemetry_client._doctor.local import gpu_metrics, host_metrics, wandb_check, wandb_endpoint
+from telemetry_client._doctor.net import probe
+from telemetry_client._doctor.report import (
     Check,
     Status,
     describe_secret,
@@ -35,7 +35,7 @@ from telemetry_client.doctor_report import (
     render_text,
     warn,
 )
-from telemetry_client.doctor_server import (
+from telemetry_client._doctor.server import (
     Endpoint,
     authorisation_probe,
     clock_check,
@@ -45,11 +45,11 @@ from telemetry_client.doctor_server import (
     reachability,
     tls_check,
 )
-from telemetry_client.doctor_stack import StackSettings, basic_headers, stack_checks, token_headers
+from telemetry_client._doctor.stack import StackSettings, basic_headers, stack_checks, token_headers
+from telemetry_client._engine.shipping import BufferSettings
+from telemetry_client._loki.limits import DEFAULT_MAX_LINE_BYTES
 from telemetry_client.errors import ConfigurationError
 from telemetry_client.loki import push_url
-from telemetry_client.loki_limits import DEFAULT_MAX_LINE_BYTES
-from telemetry_client.shipping import BufferSettings
 
 LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
 _ENV_NAME = re.compile(r"\b(?:INFLUXDB|LOKI|TELEMETRY)_[A-Z_]+\b")
@@ -239,7 +239,7 @@ def server_checks(endpoint: Endpoint, timeout: float) -> list[Check]:
 
 def send_test(args: argparse.Namespace, node: NodeConfig) -> list[Check]:
     """One point and one line through the real client, then read back if read credentials are given."""
-    from telemetry_client import doctor_roundtrip as trip
+    from telemetry_client._doctor import roundtrip as trip
     from telemetry_client.loki import LokiHandler
     from telemetry_client.metrics import MetricsLogger
 

@@ -14,18 +14,18 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from telemetry_client import line_protocol as lp
+from telemetry_client._engine.disabled import Counter, disabled_stats
+from telemetry_client._engine.self_log import warn
+from telemetry_client._engine.shipping import BufferSettings, Channel, Item, Verdict
+from telemetry_client._engine.transport import HttpTransport, Response
+from telemetry_client._influx import line_protocol as lp
+from telemetry_client._influx.fields import DEFAULT_MAX_STRING_BYTES, FieldEncoder, list_stats
+from telemetry_client._influx.gpu_metrics import GpuSampler
+from telemetry_client._influx.rejections import Refusal, read_refusal
+from telemetry_client._influx.system_metrics import SystemSampler
 from telemetry_client.catalog import DELTA_SUFFIX, DROP_REASONS, SELF_COUNTERS, SPARSE_DELTAS
 from telemetry_client.config import influxdb_config
-from telemetry_client.disabled import Counter, disabled_stats
 from telemetry_client.errors import ConfigurationError
-from telemetry_client.fields import DEFAULT_MAX_STRING_BYTES, FieldEncoder, list_stats
-from telemetry_client.gpu_metrics import GpuSampler
-from telemetry_client.influx_rejections import Refusal, read_refusal
-from telemetry_client.self_log import warn
-from telemetry_client.shipping import BufferSettings, Channel, Item, Verdict
-from telemetry_client.system_metrics import SystemSampler
-from telemetry_client.transport import HttpTransport, Response
 
 # Config attributes that may become tags: tag name -> dotted attribute path in `config`.
 DEFAULT_CONFIG_TAGS: Mapping[str, str] = {"netuid": "netuid", "network": "subtensor.network"}

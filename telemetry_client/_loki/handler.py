@@ -20,16 +20,16 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from telemetry_client._engine.disabled import Counter, disabled_stats
+from telemetry_client._engine.self_log import warn
+from telemetry_client._engine.shipping import BufferSettings, Channel
+from telemetry_client._engine.transport import HttpTransport
+from telemetry_client._loki.console import console_handler, default_filters
+from telemetry_client._loki.context import current_context
+from telemetry_client._loki.limits import DEFAULT_MAX_LINE_BYTES, check_max_line_bytes, validate_labels
+from telemetry_client._loki.sink import LokiSink
 from telemetry_client.config import LOOPBACK_HOSTS, LokiConfig, loki_config, split_url_credentials
-from telemetry_client.console import console_handler, default_filters
-from telemetry_client.disabled import Counter, disabled_stats
 from telemetry_client.errors import ConfigurationError
-from telemetry_client.log_context import current_context
-from telemetry_client.loki_limits import DEFAULT_MAX_LINE_BYTES, check_max_line_bytes, validate_labels
-from telemetry_client.loki_sink import LokiSink
-from telemetry_client.self_log import warn
-from telemetry_client.shipping import BufferSettings, Channel
-from telemetry_client.transport import HttpTransport
 
 PUSH_PATH = "/loki/api/v1/push"
 CONTEXT_ATTR = "_loki_context"  # where log_with_context puts its fields on the LogRecord
