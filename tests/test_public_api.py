@@ -101,6 +101,13 @@ PUBLIC: dict[str, list[str]] = {
 LAYERS: dict[str, set[str]] = {"_engine": set(), "_influx": {"_engine"}, "_loki": {"_engine"}}
 SHARED_PUBLIC = {"errors", "config", "catalog"}
 
+# A benchmark that compares the client with a design it replaced has to switch that design
+# back on inside the client; these are the only internals such a benchmark touches.
+MEASURES_REPLACED_DESIGN: dict[str, list[str]] = {
+    # several streams per push (Loki answers for the last stream only), against one stream per push
+    "bench/bench_loki_delivery.py": ["from telemetry_client._loki.sink import LokiSink"],
+}
+
 
 @pytest.mark.parametrize("module_name", sorted(PUBLIC))
 def test_each_public_module_exports_exactly_the_pinned_names(module_name: str) -> None:
@@ -233,7 +240,8 @@ def test_the_public_use_check_sees_what_it_must() -> None:
     sorted(p.relative_to(ROOT).as_posix() for folder in ("simulator", "bench") for p in (ROOT / folder).rglob("*.py")),
 )
 def test_simulator_and_benchmarks_use_public_names_only(path: str) -> None:
-    assert non_public_uses((ROOT / path).read_text()) == []
+    uses = [use.split(": ", 1)[1] for use in non_public_uses((ROOT / path).read_text())]
+    assert uses == MEASURES_REPLACED_DESIGN.get(path, [])
 
 
 def _imported_modules(source: str) -> set[str]:
