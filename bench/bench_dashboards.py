@@ -17,7 +17,7 @@ in a browser), the largest response and the most series one query returned.
     python bench/bench_dashboards.py --backend victoriametrics   # the MetricsQL twins on VictoriaMetrics
 
 How the history is written: every line is the one the node's own MetricsLogger
-would write (its standard tags, the client's encoder InfluxSink, the write URL
+would write (its standard tags, the client's encoder metrics.encode_lines, the write URL
 and headers its configuration resolves to, gzip), but posted in batches of
 about 4 MB by --workers processes, one connection each. A live logger sends
 from one thread per process, a few thousand lines per request as the buffer

@@ -40,6 +40,7 @@ SETTINGS = {f"{DEFAULT_MAX_BYTES / 2**20:g} MiB": DEFAULT_MAX_BYTES, "16 MiB": 1
 
 
 def run_one(max_bytes: int, seconds: float, url: str) -> dict:
+    from telemetry_client import BufferSettings
     from telemetry_client.metrics import MetricsLogger
 
     full_passes: list[float] = []

@@ -16,7 +16,9 @@ Two workloads, one handler each, levels mixed as a busy node logs them (90% info
   lines/s delivered, requests/s, and whether every line arrived exactly once.
 
 "Before" is the previous push design (several streams per push), selected by
-switching the sink's `batch_per_key` off; everything else is the current code.
+switching the sink's `batch_per_key` off (`telemetry_client._loki.sink`: the one use of the
+client's internals in the benchmarks, pinned in tests/test_public_api.py); everything
+else is the current code.
 
 Run: python bench/bench_loki_delivery.py
 """
@@ -31,8 +33,8 @@ from dataclasses import dataclass
 from _common import dedicated_logger
 from loki_receiver import MB, Limits, LokiReceiver
 
+from telemetry_client._loki.sink import LokiSink
 from telemetry_client.loki import LokiHandler
-from telemetry_client.loki_sink import LokiSink
 
 STEADY_RATE = 2_000
 STEADY_SECONDS = 6.0

@@ -15,8 +15,8 @@ import urllib3
 from _common import ROOT  # noqa: F401  (puts tests/ on sys.path)
 from servers import influxdb_v1
 
+from telemetry_client import BufferSettings
 from telemetry_client.metrics import MetricsLogger
-from telemetry_client.shipping import BufferSettings
 
 POINTS = 300_000
 ROUNDS = 3

@@ -36,15 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script from anywhere: telemetry_client lives here
-    sys.path.insert(0, str(ROOT))
-
-import telemetry_client  # noqa: E402
-from telemetry_client import config  # noqa: E402
+import telemetry_client
+from telemetry_client import config
 
 # The one private module read here (Loki's limits have no public path): a move changes this line only.
-from telemetry_client import loki_limits as LOKI_LIMITS_MODULE  # noqa: E402
+from telemetry_client._loki import limits as LOKI_LIMITS_MODULE
+
+ROOT = Path(__file__).resolve().parents[1]
 
 OUT = ROOT / "docs" / "settings.md"
 PROCESS_TITLE = "The end of a process"

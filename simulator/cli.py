@@ -440,8 +440,9 @@ def ensure_database(stack: Stack) -> None:
 
 def check_client_config(targets: fl.Targets) -> None:
     """Build a client as the nodes will, so a configuration error stops the run here, not in a worker."""
+    from telemetry_client import ConfigurationError
     from telemetry_client.loki import push_url
-    from telemetry_client.metrics import ConfigurationError, MetricsLogger
+    from telemetry_client.metrics import MetricsLogger
 
     try:
         MetricsLogger(

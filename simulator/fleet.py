@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from simulator import signals as sg
 from simulator.faults import ActiveFault, for_node
-from telemetry_client.shipping import BufferSettings
+from telemetry_client import BufferSettings
 
 DEFAULT_VERSION = "1.4.2"
 PREVIOUS_VERSION = "1.4.1"  # a share of the fleet has not upgraded yet, as on a real network

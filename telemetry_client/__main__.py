@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+__all__ = ["main"]
+
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv

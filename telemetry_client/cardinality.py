@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 from telemetry_client.catalog import CATALOG, MEASUREMENTS, QUERYABLE, ROLES, SPREADS, Measurement
 
+__all__ = ["Fleet", "field_series", "fleet_series", "main", "report", "series_per_node", "spread_series"]
+
 
 @dataclass(frozen=True)
 class Fleet:

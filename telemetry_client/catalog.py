@@ -9,6 +9,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+__all__ = [
+    "ALL_ROLES",
+    "CATALOG",
+    "DELTA_SUFFIX",
+    "DROP_REASONS",
+    "MEASUREMENTS",
+    "QUERYABLE",
+    "ROLES",
+    "SELF_COUNTERS",
+    "SPARSE_DELTAS",
+    "SPREADS",
+    "SPREAD_OF",
+    "STANDARD_TAGS",
+    "Field",
+    "Measurement",
+    "Spread",
+    "measurement",
+    "measurements_for_role",
+]
+
 # Tags every MetricsLogger adds to every point it writes (when the value is set).
 STANDARD_TAGS: tuple[str, ...] = (
     "uid",

@@ -31,6 +31,19 @@ from typing import Any
 
 from telemetry_client.errors import ConfigurationError
 
+__all__ = [
+    "INFLUXDB_ENV",
+    "LOKI_ENV",
+    "Ignored",
+    "InfluxDBConfig",
+    "LokiConfig",
+    "Setting",
+    "exit_timeout_setting",
+    "handle_sigterm_setting",
+    "influxdb_config",
+    "loki_config",
+]
+
 ARGUMENT = "argument"
 DEFAULT = "default"
 UNSET = "unset"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["ConfigurationError"]
+
 
 class ConfigurationError(ValueError):
     """A logger was configured in a way that cannot work; the message says how to fix it.

@@ -30,6 +30,8 @@ from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any, Literal
 
+__all__ = ["VersionedRun", "WandbNotInstalledError", "initialize_wandb"]
+
 logger = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install 'telemetry-stack[wandb]'"

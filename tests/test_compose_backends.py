@@ -45,8 +45,8 @@ from test_compose import (
     versions,
 )
 
+from telemetry_client import BufferSettings
 from telemetry_client.metrics import MetricsLogger
-from telemetry_client.shipping import BufferSettings
 
 GRAFANA = ROOT / "grafana"
 # What each backend runs; the common file adds Loki, its volume step and Grafana.

@@ -36,8 +36,8 @@ from grafana_receiver import GrafanaReceiver, InfluxSource, LokiSource
 from loki_receiver import LokiReceiver
 from servers import free_port, influxdb_v1
 
-from telemetry_client.doctor_report import Status
-from telemetry_client.doctor_server import (
+from telemetry_client._doctor.report import Status
+from telemetry_client._doctor.server import (
     Endpoint,
     authorisation_probe,
     clock_check,
@@ -47,7 +47,7 @@ from telemetry_client.doctor_server import (
     reachability,
     tls_check,
 )
-from telemetry_client.doctor_stack import StackSettings, stack_checks
+from telemetry_client._doctor.stack import StackSettings, stack_checks
 
 # ---- servers ---------------------------------------------------------------------------
 

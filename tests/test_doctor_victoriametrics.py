@@ -22,8 +22,8 @@ from servers import free_port
 from test_compose_backends import exported, victoriametrics_behind_vmauth
 from test_doctor import _basic, _by_name, loki_ready
 
-from telemetry_client.doctor_report import Status
-from telemetry_client.doctor_stack import StackSettings, stack_checks
+from telemetry_client._doctor.report import Status
+from telemetry_client._doctor.stack import StackSettings, stack_checks
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "grafana"

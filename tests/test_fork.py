@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
+from telemetry_client import BufferSettings
 from telemetry_client.metrics import MetricsLogger
-from telemetry_client.shipping import BufferSettings
 
 
 def test_child_delivers_and_nothing_is_sent_twice(influx_db):

@@ -2,7 +2,7 @@
 
 The real InfluxDB 1.6.7 stores the valid lines of a batch and answers 400 naming or
 counting the others. InfluxDB 2.x and 3.x cannot run here: their answers are the
-texts their sources and documentation give (cited in telemetry_client/influx_rejections.py),
+texts their sources and documentation give (cited in telemetry_client/_influx/rejections.py),
 played by the fault server.
 """
 
@@ -15,10 +15,11 @@ import urllib.request
 import pytest
 from fault_server import Reply, fault_server
 
-from telemetry_client.influx_rejections import Refusal, read_refusal
-from telemetry_client.metrics import InfluxSink, MetricsLogger
-from telemetry_client.shipping import BufferSettings
-from telemetry_client.transport import HttpTransport, Response
+from telemetry_client import BufferSettings
+from telemetry_client._engine.transport import HttpTransport, Response
+from telemetry_client._influx.rejections import Refusal, read_refusal
+from telemetry_client._influx.sink import InfluxSink
+from telemetry_client.metrics import MetricsLogger
 
 # One batch: nothing is sealed before flush() (flush_interval far away, batch_items large).
 ONE_BATCH = BufferSettings(flush_interval=60, retry_base=0.02, retry_cap=0.1)

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from telemetry_client import line_protocol as lp
+from telemetry_client import BufferSettings
+from telemetry_client._influx import line_protocol as lp
 from telemetry_client.metrics import MetricsLogger
-from telemetry_client.shipping import BufferSettings
 
 FAST = BufferSettings(flush_interval=0.05, retry_base=0.05, retry_cap=0.2)
 

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from influxdb_client import Point
 
-from telemetry_client import line_protocol as lp
-from telemetry_client.fields import FieldEncoder
-from telemetry_client.metrics import InfluxSink
-from telemetry_client.transport import HttpTransport
+from telemetry_client._engine.transport import HttpTransport
+from telemetry_client._influx import line_protocol as lp
+from telemetry_client._influx.fields import FieldEncoder
+from telemetry_client._influx.sink import InfluxSink
+from telemetry_client.metrics import encode_lines
 
 # Text with the characters line protocol treats specially, plus unicode.
 tricky_text = st.text(
@@ -88,3 +90,37 @@ def test_a_batch_body_gives_back_its_items_when_each_is_one_line(points):
     assert rebuildable == all(item[0].count(b"\n") == 1 for item in items)
     if rebuildable:
         assert sink.items_from_body(sink.transport.decode_body(sink.transport.encode_body(body))) == items
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    points=st.lists(
+        st.tuples(
+            tricky_text,
+            st.none() | st.dictionaries(tricky_text, tricky_text, max_size=3),
+            st.dictionaries(tricky_text, numbers | tricky_text, max_size=4),
+        ),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_encode_lines_writes_what_a_loggers_sink_writes(points):
+    """The public encoder for history is the logger's own: same lines, same drops with the same reasons."""
+    tags = {"uid": "7", "role": "miner"}
+    sink = InfluxSink(HttpTransport("http://127.0.0.1:9/write"), tags, 1024, 10.0, None)
+    expected: list[bytes] = []
+    expected_drops: list[tuple[str, int]] = []
+    for measurement, point_tags, fields in points:
+        record = (measurement, point_tags, fields, 1_700_000_000.5, False, False)
+        sink.encode(record, lambda item: expected.append(item[0]), lambda *drop: expected_drops.append(drop))
+    drops: list[tuple[str, int]] = []
+    history = [(measurement, point_tags, fields, 1_700_000_000.5) for measurement, point_tags, fields in points]
+    lines = list(encode_lines(history, tags, max_string_bytes=1024, on_drop=lambda *drop: drops.append(drop)))
+    assert lines == expected
+    assert drops == expected_drops
+
+
+def test_encode_lines_refuses_by_default_what_a_logger_would_drop():
+    assert list(encode_lines([("m", None, {"x": 1}, 5)], {"uid": "1"})) == [b"m,uid=1 x=1 5\n"]
+    with pytest.raises(ValueError, match="no_fields"):
+        list(encode_lines([("m", None, {}, 5)]))

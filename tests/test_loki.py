@@ -18,12 +18,13 @@ import pytest
 from fault_server import fault_server
 from loki_receiver import Limits, LokiReceiver
 
-from telemetry_client.console import ONE_LINE_FORMAT, DropMessagesMatching, OneLineFormatter, console_handler
-from telemetry_client.log_context import bind, clear_context, current_context, log_context, unbind
+from telemetry_client import ConfigurationError
+from telemetry_client._engine.shipping import BufferSettings, Channel, get_engine
+from telemetry_client._loki.console import ONE_LINE_FORMAT, DropMessagesMatching, OneLineFormatter, console_handler
+from telemetry_client._loki.context import bind, clear_context, current_context, log_context, unbind
+from telemetry_client._loki.limits import TRUNCATION_MARKER
 from telemetry_client.loki import LokiHandler, LokiLogger, log_with_context, push_url, setup_loki_logger
-from telemetry_client.loki_limits import TRUNCATION_MARKER
-from telemetry_client.metrics import ConfigurationError, MetricsLogger
-from telemetry_client.shipping import BufferSettings, Channel, get_engine
+from telemetry_client.metrics import MetricsLogger
 
 FAST = BufferSettings(flush_interval=0.05, retry_base=0.02, retry_cap=0.1)
 STANDARD_LABELS = {"service", "environment", "host", "level", "uid", "role", "version"}
@@ -557,10 +558,11 @@ def test_constructor_matches_python_logging_loki(cleanup):
 
 def test_importing_configures_nothing_and_starts_no_thread():
     code = (
-        "import logging, threading, telemetry_client.loki, telemetry_client.console, telemetry_client.log_context\n"
+        "import logging, threading, telemetry_client.loki\n"
+        "import telemetry_client._loki.console, telemetry_client._loki.context\n"
         "assert not logging.getLogger().handlers\n"
         "assert threading.active_count() == 1, threading.enumerate()\n"
-        "import telemetry_client.shipping as s\n"
+        "import telemetry_client._engine.shipping as s\n"
         "assert s._engine is None\n"
         "assert 'rich' not in __import__('sys').modules\n"
     )

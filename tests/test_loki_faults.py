@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 from loki_receiver import Limits, LokiReceiver
 
+from telemetry_client import BufferSettings
 from telemetry_client.loki import LokiHandler
-from telemetry_client.shipping import BufferSettings
 
 FAST = dict(flush_interval=0.05, retry_base=0.02, retry_cap=0.1)
 

@@ -12,7 +12,7 @@ import pytest
 from grafana_receiver import logql_query
 from loki_receiver import Limits, LokiReceiver, datasize, go_time
 
-from telemetry_client.loki_rejections import parse_answer, parse_rate_limit, parse_rejections
+from telemetry_client._loki.rejections import parse_answer, parse_rate_limit, parse_rejections
 
 NOW = 1_700_000_000_000_000_000
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from telemetry_client.loki_limits import label_string
-from telemetry_client.loki_rejections import (
+from telemetry_client._engine.transport import HttpTransport, Response
+from telemetry_client._loki.limits import label_string
+from telemetry_client._loki.rejections import (
     Rejection,
     parse_answer,
     parse_go_time,
@@ -19,8 +20,7 @@ from telemetry_client.loki_rejections import (
     rate_limit_reason,
     same_stream,
 )
-from telemetry_client.loki_sink import LokiSink
-from telemetry_client.transport import HttpTransport, Response
+from telemetry_client._loki.sink import LokiSink
 
 T0 = 1_715_011_130_000_000_000  # 2024-05-06 15:58:50 UTC
 OURS = {"service": "miner", "level": "info", "uid": "3"}

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from fault_server import fault_server
 
-from telemetry_client.metrics import ConfigurationError, MetricsLogger
-from telemetry_client.shipping import BufferSettings
-from telemetry_client.system_metrics import SystemSampler, cgroup_memory
+from telemetry_client import BufferSettings, ConfigurationError
+from telemetry_client._influx.system_metrics import SystemSampler, cgroup_memory
+from telemetry_client.metrics import MetricsLogger
 
 FAST = BufferSettings(flush_interval=0.05, retry_base=0.02, retry_cap=0.1)
 

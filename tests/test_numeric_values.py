@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from telemetry_client.fields import FieldEncoder
+from telemetry_client import BufferSettings
+from telemetry_client._influx.fields import FieldEncoder
 from telemetry_client.metrics import MetricsLogger
-from telemetry_client.shipping import BufferSettings
 
 FAST = BufferSettings(flush_interval=0.05, retry_base=0.05, retry_cap=0.2)
 REAL_DTYPES = [

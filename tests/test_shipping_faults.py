@@ -9,9 +9,9 @@ import pytest
 from fault_server import Reply, fault_server
 from servers import free_port
 
+from telemetry_client import BufferSettings
+from telemetry_client._engine.retry import backoff_delay, parse_retry_after
 from telemetry_client.metrics import MetricsLogger
-from telemetry_client.retry import backoff_delay, parse_retry_after
-from telemetry_client.shipping import BufferSettings
 
 FAST = dict(flush_interval=0.05, retry_base=0.02, retry_cap=0.1)
 
@@ -238,7 +238,7 @@ def test_close_while_a_batch_is_being_sealed_loses_nothing():
 def test_lock_free_counter_counts_every_bump_from_many_threads():
     import threading
 
-    from telemetry_client.shipping import Counter
+    from telemetry_client._engine.shipping import Counter
 
     counter = Counter()
     assert counter.value == 0

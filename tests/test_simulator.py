@@ -18,8 +18,8 @@ from simulator import report as rp
 from simulator import signals as sg
 from simulator import validate as vd
 from simulator.cli import UsageError, build_parser, resolve_stack
+from telemetry_client._influx.fields import normalize_fields
 from telemetry_client.catalog import CATALOG, ROLES, measurements_for_role
-from telemetry_client.fields import normalize_fields
 
 
 class Recorder:

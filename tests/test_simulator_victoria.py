@@ -26,9 +26,9 @@ from simulator import dashboards as dash
 from simulator import validate as vd
 from simulator import victoria as vm
 from simulator.cli import main
+from telemetry_client import BufferSettings
 from telemetry_client.catalog import CATALOG
 from telemetry_client.metrics import MetricsLogger
-from telemetry_client.shipping import BufferSettings
 
 QUICK = ["--duration", "3", "--ramp", "0.5", "--window-seconds", "1", "--min-interval", "1"]
 QUICK += ["--self-metrics-interval", "0.5", "--system-interval", "0.5", "--settle", "10", "--quiet"]

@@ -14,8 +14,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from fault_server import fault_server
 
+from telemetry_client import BufferSettings
 from telemetry_client.metrics import MetricsLogger
-from telemetry_client.shipping import BufferSettings
 
 FAST = BufferSettings(flush_interval=0.05, retry_base=0.02, retry_cap=0.1)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
+from telemetry_client import BufferSettings
 from telemetry_client.metrics import MetricsLogger
-from telemetry_client.shipping import BufferSettings
 
 
 def _wait_for_samples(server, match: str, expected: dict[str, int], timeout: float = 30.0) -> dict[str, dict]:

@@ -29,8 +29,8 @@ import pytest
 import yaml
 from servers import free_port, require_binary, victoria_metrics
 
+from telemetry_client import BufferSettings
 from telemetry_client.metrics import MetricsLogger
-from telemetry_client.shipping import BufferSettings
 
 REPO = Path(__file__).resolve().parents[1]
 ROLE = REPO / "ansible" / "roles" / "victoriametrics"

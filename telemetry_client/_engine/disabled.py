@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from telemetry_client.shipping import Counter
+from telemetry_client._engine.shipping import Counter
 
 DISABLED = "disabled"  # the drop reason (see catalog.DROP_REASONS)
 

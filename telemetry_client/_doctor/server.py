@@ -40,8 +40,8 @@ import re
 import urllib.parse
 from dataclasses import dataclass, field
 
-from telemetry_client.doctor_net import Probe, probe, shown_url
-from telemetry_client.doctor_report import Check, Status, fail, ok, warn
+from telemetry_client._doctor.net import Probe, probe, shown_url
+from telemetry_client._doctor.report import Check, Status, fail, ok, warn
 
 # Loki's limits_config defaults: grafana/loki pkg/validation/limits.go (RegisterFlags), Loki 3.x:
 #   reject_old_samples true, reject_old_samples_max_age "7d", creation_grace_period "10m",

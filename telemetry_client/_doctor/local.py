@@ -12,8 +12,8 @@ import netrc
 import os
 from pathlib import Path
 
-from telemetry_client.doctor_report import Check, describe_secret, ok, warn
-from telemetry_client.doctor_server import Endpoint
+from telemetry_client._doctor.report import Check, describe_secret, ok, warn
+from telemetry_client._doctor.server import Endpoint
 from telemetry_client.experiment_tracking import resolve_mode, wandb_directory
 
 WANDB_HOST = "api.wandb.ai"
@@ -29,7 +29,7 @@ def _version(distribution: str) -> str | None:
 
 def host_metrics() -> Check:
     """psutil reads CPU, memory, disk and network for `with_system_metrics=True`."""
-    from telemetry_client.system_metrics import SystemSampler
+    from telemetry_client._influx.system_metrics import SystemSampler
 
     try:
         fields = SystemSampler(0).sample()

@@ -18,7 +18,10 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from telemetry_client.loki_limits import (
+from telemetry_client._engine.self_log import warn
+from telemetry_client._engine.shipping import Item, Verdict
+from telemetry_client._engine.transport import HttpTransport, Response
+from telemetry_client._loki.limits import (
     LEVEL_LABEL,
     LEVEL_VALUES,
     TRUNCATION_MARKER,
@@ -26,10 +29,7 @@ from telemetry_client.loki_limits import (
     label_string,
     level_label,
 )
-from telemetry_client.loki_rejections import parse_answer, parse_rate_limit, rate_limit_reason, same_stream
-from telemetry_client.self_log import warn
-from telemetry_client.shipping import Item, Verdict
-from telemetry_client.transport import HttpTransport, Response
+from telemetry_client._loki.rejections import parse_answer, parse_rate_limit, rate_limit_reason, same_stream
 
 # What emit() captures on the logging thread:
 # (ts_ns, levelno, levelname, logger, message, exception text, stack text, pid, thread name,

@@ -25,8 +25,8 @@ import operator
 import statistics
 from collections.abc import Callable, Mapping
 
-from telemetry_client.line_protocol import escape_key, format_field, valid_key
-from telemetry_client.self_log import warn
+from telemetry_client._engine.self_log import warn
+from telemetry_client._influx.line_protocol import escape_key, format_field, valid_key
 
 DEFAULT_MAX_STRING_BYTES = 64 * 1024
 Drop = Callable[[str, int], None]

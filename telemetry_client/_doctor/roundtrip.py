@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from telemetry_client.doctor_net import probe
-from telemetry_client.doctor_report import Check, fail, ok, warn
-from telemetry_client.doctor_server import Endpoint
+from telemetry_client._doctor.net import probe
+from telemetry_client._doctor.report import Check, fail, ok, warn
+from telemetry_client._doctor.server import Endpoint
 
 if TYPE_CHECKING:
     from telemetry_client.loki import LokiHandler

@@ -1,6 +1,6 @@
 """One HTTP request taken apart step by step (DNS, TCP, TLS, HTTP), each step timed.
 
-The shipping transport (`transport.py`) only needs to know that a request
+The shipping transport (`_engine.transport`) only needs to know that a request
 failed; an operator needs to know *where*: a name that does not resolve, a port
 that refuses, a certificate nobody vouched for, or a server that answered 401.
 So this opens the connection by hand, one step at a time, with the same TLS

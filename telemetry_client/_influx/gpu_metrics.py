@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from telemetry_client.self_log import logger
+from telemetry_client._engine.self_log import logger
 
 GpuPoint = tuple[str, dict[str, str], dict[str, float]]
 

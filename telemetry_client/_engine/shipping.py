@@ -29,11 +29,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from telemetry_client import lifecycle
-from telemetry_client.lifecycle import exit_timeout
-from telemetry_client.retry import backoff_delay, parse_retry_after
-from telemetry_client.self_log import warn
-from telemetry_client.transport import HttpTransport, Pending, Response, TransportError
+from telemetry_client._engine import lifecycle
+from telemetry_client._engine.lifecycle import exit_timeout
+from telemetry_client._engine.retry import backoff_delay, parse_retry_after
+from telemetry_client._engine.self_log import warn
+from telemetry_client._engine.transport import HttpTransport, Pending, Response, TransportError
 
 # An encoded unit ready to send: (payload, size in bytes, accounting key such as a
 # measurement name or a stream).

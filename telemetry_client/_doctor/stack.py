@@ -7,7 +7,7 @@ the dashboards in grafana/dashboards/ and the alert rules in
 grafana/alerting/ are loaded (`GET /api/search`,
 `GET /api/v1/provisioning/alert-rules`); the node token may write and not read,
 and Grafana's read token may read and not write. No check stores anything: a
-write permission is proved by an empty write (see doctor_server).
+write permission is proved by an empty write (see `server`).
 
 With METRICS_BACKEND=victoriametrics the metrics store is VictoriaMetrics behind
 vmauth (compose/docker-compose.victoriametrics.yml): the checks read the
@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from telemetry_client.doctor_net import Probe, probe
-from telemetry_client.doctor_report import Check, Status, describe_secret, fail, ok, warn
-from telemetry_client.doctor_server import credential_refused
+from telemetry_client._doctor.net import Probe, probe
+from telemetry_client._doctor.report import Check, Status, describe_secret, fail, ok, warn
+from telemetry_client._doctor.server import credential_refused
 
-REPOSITORY = Path(__file__).resolve().parent.parent
+REPOSITORY = Path(__file__).resolve().parents[2]
 
 
 @dataclass
