@@ -32,6 +32,12 @@ from typing import Any
 from telemetry_client.errors import ConfigurationError
 
 __all__ = [
+    "DEFAULT_ENVIRONMENT",
+    "DEFAULT_EXIT_TIMEOUT",
+    "ENV_ENVIRONMENT",
+    "ENV_EXIT_TIMEOUT",
+    "ENV_HANDLE_SIGTERM",
+    "ENV_STRICT",
     "INFLUXDB_ENV",
     "LOKI_ENV",
     "Ignored",

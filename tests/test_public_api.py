@@ -41,6 +41,12 @@ PUBLIC: dict[str, list[str]] = {
     "telemetry_client.__main__": ["main"],
     "telemetry_client.errors": ["ConfigurationError"],
     "telemetry_client.config": [
+        "DEFAULT_ENVIRONMENT",
+        "DEFAULT_EXIT_TIMEOUT",
+        "ENV_ENVIRONMENT",
+        "ENV_EXIT_TIMEOUT",
+        "ENV_HANDLE_SIGTERM",
+        "ENV_STRICT",
         "INFLUXDB_ENV",
         "LOKI_ENV",
         "Ignored",
