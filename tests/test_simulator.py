@@ -181,7 +181,6 @@ def test_same_seed_same_values_and_another_seed_other_values() -> None:
 def test_windows_advance_every_ticks_per_window_and_validators_summarise_each() -> None:
     specs = fl.build_specs(COUNTS, 5)
     plan = fl.plan_for(specs, points_per_sec=500, window_seconds=2, duration=10)
-    assert plan.ticks_per_window == round(2 * 500 / len(specs))
     recorder = Recorder()
     validator = next(s for s in specs if s.role == "validator")
     node = fl.SimNode(validator, RUN, plan, recorder)
