@@ -32,6 +32,7 @@ from telemetry_client.transport import HttpTransport
 
 NETWORK = "finney"
 VERSIONS = ("1.4.2", "1.4.1")
+TASKS = ("hellaswag", "arc_easy", "mmlu", "piqa")  # the reference evaluator's benchmarks (cardinality's --tasks 4)
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class FleetShape:
             # A validator scores every miner once a window, the aggregator merges once a window.
             role_every={"validator": None, "aggregator": None, "evaluator": steps(self.benchmark_s, "benchmarks")},
             batch=None,
+            tasks=TASKS,
             host_every=steps(self.system_s, "system metrics"),
             counters=values.ClientCounters(every=steps(self.self_metrics_s, "self-metrics")),
             overflow_rate=0.0,  # the encoder would drop an infinite norm, and the backfill refuses any drop

@@ -75,11 +75,13 @@ class Pace:
     benchmark tasks an evaluator runs, per role step (None: all of them).
     `host_every`: steps between `system` and GPU points (None: the client samples
     the host, and the simulated GPUs are read at each window start). `counters`:
-    the client's own counters (None: the client writes its own).
+    the client's own counters (None: the client writes its own). `tasks`: the
+    evaluator's benchmarks, run in turn.
     """
 
     role_every: Mapping[str, int | None] = field(default_factory=dict)
     batch: int | None = 1
+    tasks: tuple[str, ...] = sg.BENCHMARK_TASKS
     host_every: int | None = None
     counters: ClientCounters | None = None
     overflow_rate: float = sg.OVERFLOW_RATE
@@ -252,8 +254,9 @@ class NodeModel:
             return [Point("aggregator_step", {}, {**self.aggregator.round(), "window": window}, samples_host=True)]
         assert self.evaluator is not None
         out = []
-        for _ in range(self.pace.batch or len(sg.BENCHMARK_TASKS)):
-            task = sg.BENCHMARK_TASKS[self._task % len(sg.BENCHMARK_TASKS)]
+        tasks = self.pace.tasks
+        for _ in range(self.pace.batch or len(tasks)):
+            task = tasks[self._task % len(tasks)]
             self._task += 1
             fields = {**self.evaluator.benchmark(task, step), "global_step": float(step), "window": window}
             out.append(Point("evaluator_benchmark", {"task": task}, fields, samples_host=True))
