@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from simulator import signals as sg
-from telemetry_client.catalog import CATALOG, DELTA_SUFFIX, DROP_REASONS, SPARSE_DELTAS
+from telemetry_client.catalog import DELTA_SUFFIX, DROP_REASONS, SELF_COUNTERS, SPARSE_DELTAS
 
 # Typical GPU utilisation per role, in percent: miners train flat out, aggregators mostly wait.
 BUSY: dict[str, float] = {"miner": 96.0, "validator": 70.0, "aggregator": 45.0, "evaluator": 80.0}
@@ -97,9 +97,12 @@ class _CounterModel:
     def __init__(self, rng: Any, settings: ClientCounters) -> None:
         self.rng = rng
         self.settings = settings
-        unknown = set(settings.growth) - set(CATALOG["telemetry_client"].field_names)
+        unknown = set(settings.growth) - set(SELF_COUNTERS)
         if unknown:
             raise ValueError(f"growth given for counters the catalog does not define: {sorted(unknown)}")
+        missing = set(SELF_COUNTERS) - set(settings.growth) - {"dropped"}  # dropped: the sum of the reasons
+        if missing:
+            raise ValueError(f"no growth for counter(s) {sorted(missing)} of telemetry_client: add one to {__name__}")
         names = [*settings.growth, "dropped"]
         self.totals = {sink: dict.fromkeys(names, 0.0) for sink in SINKS}
         # What is owed but not yet a whole record; a random start spreads rare events across nodes.
@@ -182,7 +185,7 @@ class NodeModel:
             self.window = window
             out += self._start_window()
         every = self.pace.role_every.get(self.role, 1)
-        if (opened if every is None else step % every == 0) or (self.role == "validator" and self.validator is None):
+        if opened if every is None else step % every == 0:
             out += self._role_points(step)
         if self.pace.host_every and step % self.pace.host_every == 0:
             out += self._host_points()
@@ -191,13 +194,12 @@ class NodeModel:
         return out
 
     def end_window(self, step: int) -> list[Point]:
-        """The summary of the window in progress (a validator's), as a node logs it when the window ends."""
-        if self.validator is None or self.window is None:
+        """End the window in progress: its summary (a validator's), as a node logs it when the window ends."""
+        window, self.window = self.window, None
+        if self.validator is None or window is None:
             return []
         summary = self.validator.window_summary(step, self._evaluated)
-        fields = {**summary, "window": float(self.window), "global_step": float(step)}
-        self.window = None
-        return [Point("validator_window", {}, fields)]
+        return [Point("validator_window", {}, {**summary, "window": float(window), "global_step": float(step)})]
 
     def _start_window(self) -> list[Point]:
         assert self.window is not None
@@ -225,7 +227,7 @@ class NodeModel:
         return order
 
     def _role_points(self, step: int) -> list[Point]:
-        window = float(self.window if self.window is not None else 0)
+        window = float(self.window or 0)
         if self.miner is not None:
             m = self.miner
             fields = {

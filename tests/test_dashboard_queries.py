@@ -128,17 +128,15 @@ STEP_S = 10
 
 # Every field on every point, every 10 s; the client's counters grow steadily (the rate
 # panels' figures below: 49 records sent per 10 s per process and sink).
+GROWTH = {"queued": 50.0, "sent": 49.0, "batches": 1.0, "bytes_sent": 4096.0, "retries": 0.2, "truncated": 0.2}
 PACE = values.Pace(
     batch=None,
     host_every=1,
     counters=values.ClientCounters(
-        growth={**values.HISTORY_GROWTH, "queued": 50.0, "sent": 49.0, "bytes_sent": 4096.0, "retries": 0.2,
-                "truncated": 0.2, **{f"dropped_{reason}": 0.03 for reason in DROP_REASONS}},
-        jitter=0.0,
-        sparse=False,
+        growth=GROWTH | {f"dropped_{reason}": 0.03 for reason in DROP_REASONS}, jitter=0.0, sparse=False
     ),
     overflow_rate=0.0,
-)  # fmt: skip
+)
 GPUS = 2
 
 CatalogPoint = tuple[tuple[str, str, str, str], str, dict[str, str], dict[str, Any], int]
