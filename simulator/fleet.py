@@ -5,9 +5,10 @@ unique to the run) and its own Loki logger. `tick()` performs one unit of the
 role's work and logs what a real node logs for it; `log_line()` writes one log
 line at a realistic level, with context, and with a real traceback for errors.
 
-Values come from `signals`, driven by the node's step counter and seeded RNG, so a
-run is reproducible. Windows advance every `ticks_per_window` ticks; the load
-controller picks that number so windows last about `--window-seconds`.
+The points come from the fleet's one model of values (`simulator/values.py`), driven
+by the node's step counter and seeded RNG, so a run is reproducible. Windows advance
+every `ticks_per_window` ticks; `plan_for` picks that number from what the model says
+a tick and a window boundary log, so that windows last about `--window-seconds`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from simulator import signals as sg
+from simulator import values
 from simulator.faults import ActiveFault, for_node
 from telemetry_client import BufferSettings
 
@@ -186,29 +188,22 @@ class SimNode:
         self.logger = logger
         self._close = close
         self._stats = stats
-        self.rng = sg.node_rng(run.seed, spec.role, spec.uid)
         self.log_rng = sg.node_rng(run.seed, f"{spec.role}/logs", spec.uid)
-        progress = sg.Progress.for_steps(plan.total_ticks)
+        self.model = values.NodeModel(
+            spec.role,
+            spec.uid,
+            run.seed,
+            miner_uids=plan.miner_uids,
+            fleet_size=plan.fleet_size,
+            gpus=spec.gpus,
+            total_steps=plan.total_ticks,
+        )
         self.step = 0
         self.window = -1
         self._last_ts = 0
         self.points = 0
         self.lines = 0
         self.peers = [u for u in plan.miner_uids if u != spec.uid] or [spec.uid]
-        self.network = sg.NetworkSignals(self.rng, plan.fleet_size)
-        busy = {"miner": 96.0, "validator": 70.0, "aggregator": 45.0, "evaluator": 80.0}[spec.role]
-        self.gpu = sg.GpuSignals(self.rng, spec.gpus, busy)
-        self.miner = sg.MinerSignals(self.rng, progress) if spec.role == "miner" else None
-        self.validator = (
-            sg.ValidatorSignals(self.rng, run.seed, list(plan.miner_uids), progress)
-            if spec.role == "validator" and plan.miner_uids
-            else None
-        )
-        self.aggregator = sg.AggregatorSignals(self.rng, len(plan.miner_uids)) if spec.role == "aggregator" else None
-        self.evaluator = sg.EvaluatorSignals(self.rng, progress) if spec.role == "evaluator" else None
-        self._eval_order: list[str] = []
-        self._evaluated = 0
-        self._task = 0
         self.faults = for_node(plan.faults, spec.uid)
         self.load_started = time.monotonic()  # set again by the load controller when the load starts
         self._active: frozenset[str] = frozenset()
@@ -222,7 +217,7 @@ class SimNode:
         elapsed = time.monotonic() - self.load_started
         active = frozenset(f.kind for f in self.faults if elapsed >= f.at)
         if "gpu-oom" in active - self._active:
-            self.gpu.exhaust()
+            self.model.gpu.exhaust()
         self._active = active
 
     def _fault_points(self) -> None:
@@ -267,92 +262,25 @@ class SimNode:
         if "window-stall" in self._active:
             self._stalled_window = self.window if self._stalled_window is None else self._stalled_window
             window = self._stalled_window
-        if window != self.window:
-            self._end_window()
-            self.window = window
-            self._start_window()
-        role = self.spec.role
-        if role == "miner":
-            self._train_step()
-        elif role == "validator":
-            self._evaluate_next()
-        elif role == "aggregator":
-            self._aggregate()
-        else:
-            self._benchmark_next()
+        self.window = window
+        for point in self.model.points(self.step, window):
+            self._log_point(point)
         if self._active:
             self._fault_points()
         self.step += 1
         return self.points - before
 
-    def _start_window(self) -> None:
-        """What every node logs once per window: its network view, timings and GPUs."""
-        window = float(self.window)
-        self._log("network_status", {**self.network.status(), "window": window})
-        self._log("performance", {**self.network.performance(), "window": window})
-        for name, tags, fields in self.gpu.points():
-            self._log(name, fields, tags)
-        if self.validator is not None:
-            self._eval_order = list(self.plan.miner_uids)
-            self.rng.shuffle(self._eval_order)
-            self._evaluated = 0
-
     def finish(self) -> None:
         """At shutdown: log the summary of the window in progress, as a validator does when stopped."""
-        self._end_window()
+        for point in self.model.end_window(self.step):
+            self._log_point(point)
         self.window = -1
 
-    def _end_window(self) -> None:
-        if self.validator is not None and self.window >= 0:
-            summary = self.validator.window_summary(self.step, self._evaluated)
-            self._log("validator_window", {**summary, "window": float(self.window), "global_step": float(self.step)})
-
-    def _train_step(self) -> None:
-        m = self.miner
-        assert m is not None
-        loss = m.loss(self.step)
-        if "loss-divergence" in self._active:
-            loss = float("nan") if self.step % 3 == 0 else 4.0 * loss
-        fields = {
-            "loss": loss,
-            "learning_rate": m.learning_rate(self.step),
-            "grad_norm": m.grad_norms(self.step),  # a list: the client writes mean/min/max/median
-            "tokens_per_sec": m.tokens_per_sec(),
-            "batch_tokens": m.batch_tokens,
-            "window": float(self.window),
-            "global_step": float(self.step),
-        }
-        self._log("training_step", fields, system=True)
-
-    def _evaluate_next(self) -> None:
-        v = self.validator
-        if v is None:  # a network without miners: nothing to evaluate, only summaries
-            self._log("network_status", {**self.network.status(), "window": float(self.window)}, system=True)
-            return
-        if not self._eval_order:  # evaluated every miner this window: start another pass
-            self._eval_order = list(self.plan.miner_uids)
-            self.rng.shuffle(self._eval_order)
-        eval_uid = self._eval_order.pop()
-        self._evaluated += 1
-        self._log(
-            "validator_scores",
-            {**v.score(eval_uid), "window": float(self.window)},
-            {"eval_uid": eval_uid},
-            system=True,
-        )
-
-    def _aggregate(self) -> None:
-        a = self.aggregator
-        assert a is not None
-        self._log("aggregator_step", {**a.round(), "window": float(self.window)}, system=True)
-
-    def _benchmark_next(self) -> None:
-        e = self.evaluator
-        assert e is not None
-        task = sg.BENCHMARK_TASKS[self._task % len(sg.BENCHMARK_TASKS)]
-        self._task += 1
-        fields = {**e.benchmark(task, self.step), "global_step": float(self.step), "window": float(self.window)}
-        self._log("evaluator_benchmark", fields, {"task": task}, system=True)
+    def _log_point(self, point: values.Point) -> None:
+        fields = point.fields
+        if point.measurement == "training_step" and "loss-divergence" in self._active:
+            fields = {**fields, "loss": float("nan") if self.step % 3 == 0 else 4.0 * fields["loss"]}
+        self._log(point.measurement, fields, point.tags or None, system=point.samples_host)
 
     # ---------------------------------------------------------------- logs
 
@@ -480,12 +408,30 @@ def role_counts(miners: int, validators: int, aggregators: int, evaluators: int)
 
 
 def plan_for(specs: Sequence[NodeSpec], points_per_sec: float, window_seconds: float, duration: float) -> Plan:
-    """Ticks per window so that, at the target rate, a window lasts about `window_seconds`."""
+    """Ticks per window so that, at the target rate, a window lasts about `window_seconds`.
+
+    The load controller paces points and ticks the nodes round-robin, so a window of
+    `t` ticks writes `t * per_tick + per_window` points across the fleet, counted from
+    the model (`values.tick_count`): a role whose tick logs several points, or GPUs
+    read at every window start, shorten the window in ticks, not lengthen it in time.
+    """
     nodes = max(1, len(specs))
-    ticks_per_sec = max(points_per_sec, 1.0) / nodes
+    miner_uids = tuple(s.uid for s in specs if s.role == "miner")
+    counts: dict[tuple[str, int], values.TickCount] = {}
+    per_tick = per_window = 0
+    for spec in specs:
+        key = (spec.role, spec.gpus)
+        if key not in counts:
+            counts[key] = values.tick_count(spec.role, spec.gpus, miner_uids, nodes)
+        per_tick += counts[key].per_tick
+        per_window += counts[key].per_window
+    per_tick = max(1, per_tick)
+    rate = max(points_per_sec, 1.0)
+    ticks_per_window = max(1, round((window_seconds * rate - per_window) / per_tick))
+    points_per_round = per_tick + per_window / ticks_per_window  # one tick of every node
     return Plan(
-        ticks_per_window=max(1, round(window_seconds * ticks_per_sec)),
-        total_ticks=max(10, round(duration * ticks_per_sec)),
-        miner_uids=tuple(s.uid for s in specs if s.role == "miner"),
+        ticks_per_window=ticks_per_window,
+        total_ticks=max(10, round(duration * rate / points_per_round)),
+        miner_uids=miner_uids,
         fleet_size=nodes,
     )

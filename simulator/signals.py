@@ -34,6 +34,14 @@ def node_rng(seed: int, role: str, uid: str) -> random.Random:
     return random.Random(f"{seed}/{role}/{uid}")
 
 
+def binomial(rng: random.Random, trials: int, p: float) -> int:
+    """How many of `trials` events of chance `p` happen: exact for a few, a normal approximation for many."""
+    if trials <= 64:
+        return sum(1 for _ in range(trials) if rng.random() < p)
+    mean = trials * p
+    return min(trials, max(0, round(rng.gauss(mean, math.sqrt(mean * (1.0 - p))))))
+
+
 def cosine_lr(step: int, total_steps: int, warmup_steps: int, peak: float, floor: float) -> float:
     """Linear warmup to `peak`, then cosine decay to `floor` at `total_steps` (flat after)."""
     if warmup_steps > 0 and step < warmup_steps:
@@ -62,9 +70,10 @@ class Progress:
 class MinerSignals:
     """A miner's training curves: loss, learning rate, gradient norms, throughput."""
 
-    def __init__(self, rng: random.Random, progress: Progress) -> None:
+    def __init__(self, rng: random.Random, progress: Progress, overflow_rate: float = OVERFLOW_RATE) -> None:
         self.rng = rng
         self.progress = progress
+        self.overflow_rate = overflow_rate
         self.initial_loss = rng.uniform(10.2, 10.9)  # ~ln(vocabulary) at initialisation
         self.final_loss = rng.uniform(2.6, 3.4)
         self.peak_lr = rng.choice((2e-4, 3e-4, 4e-4))
@@ -89,13 +98,13 @@ class MinerSignals:
     def grad_norms(self, step: int) -> list[float]:
         """One norm per parameter group: large early, settling with training, log-normal spread.
 
-        About one step in 200 overflows in mixed precision and a group's norm is
-        infinite, as the loss scaler sees it; the client drops that value (counted
-        as `non_finite`) and writes the statistics of the finite ones.
+        About one step in 200 (`overflow_rate`) overflows in mixed precision and a
+        group's norm is infinite, as the loss scaler sees it; the client drops that
+        value (counted as `non_finite`) and writes the statistics of the finite ones.
         """
         scale = 0.4 + 4.0 * math.exp(-6.0 * self.progress.fraction(step))
         norms = [scale * self.rng.lognormvariate(0.0, 0.35) for _ in range(self.groups)]
-        if self.rng.random() < OVERFLOW_RATE:
+        if self.overflow_rate and self.rng.random() < self.overflow_rate:
             norms[self.rng.randrange(self.groups)] = math.inf
         return norms
 
@@ -115,7 +124,7 @@ class NetworkSignals:
 
     def status(self) -> dict[str, float]:
         rng = self.rng
-        offline = sum(1 for _ in range(self.network_size) if rng.random() < 0.06)
+        offline = binomial(rng, self.network_size, 0.06)
         if self.lag:
             self.lag = max(0, self.lag - 1) if rng.random() < 0.6 else self.lag
         elif rng.random() < 0.05:
@@ -150,20 +159,22 @@ class ValidatorSignals:
         self.quality = {uid: random.Random(f"{seed}/quality/{uid}").uniform(0.0, 1.0) for uid in miner_uids}
         self.moving_avg = dict.fromkeys(miner_uids, 0.0)
         self.alpha = 0.2
+        self._sharpened_total = 0.0  # sum of moving_avg**2, kept up to date: a weight costs O(1), not O(miners)
 
     def score(self, eval_uid: str) -> dict[str, float]:
         """One evaluation: quality plus noise; a few miners send garbage and score 0."""
         quality = self.quality[eval_uid]
         score = 0.0 if self.rng.random() < 0.04 else max(0.0, quality + self.rng.gauss(0.0, 0.1))
-        avg = (1 - self.alpha) * self.moving_avg[eval_uid] + self.alpha * score
+        previous = self.moving_avg[eval_uid]
+        avg = (1 - self.alpha) * previous + self.alpha * score
         self.moving_avg[eval_uid] = avg
+        self._sharpened_total += avg**2 - previous**2
         return {"score": score, "moving_avg_score": avg, "weight": self.weight(eval_uid)}
 
     def weight(self, eval_uid: str) -> float:
         """Weights are the moving averages, sharpened and normalised to sum to 1."""
-        powered = {uid: avg**2 for uid, avg in self.moving_avg.items()}
-        total = sum(powered.values())
-        return powered[eval_uid] / total if total else 0.0
+        total = self._sharpened_total
+        return min(1.0, self.moving_avg[eval_uid] ** 2 / total) if total > 1e-12 else 0.0
 
     def window_summary(self, step: int, evaluated: int) -> dict[str, float]:
         loss_before = 3.0 + 7.5 * math.exp(-4.0 * self.progress.fraction(step)) + self.rng.gauss(0.0, 0.03)
@@ -182,7 +193,7 @@ class AggregatorSignals:
         self.expected = max(1, expected_peers)
 
     def round(self) -> dict[str, float]:
-        gathered = sum(1 for _ in range(self.expected) if self.rng.random() < 0.92)
+        gathered = binomial(self.rng, self.expected, 0.92)
         return {
             "gradients_gathered": float(gathered),
             "gather_success_rate": gathered / self.expected,
@@ -204,6 +215,38 @@ class EvaluatorSignals:
         return {
             "score": min(1.0, max(0.0, score)),
             "duration_s": self.rng.lognormvariate(math.log(90.0), 0.2),
+        }
+
+
+class HostSignals:
+    """What the client's system sampler reads on a node's host, for history the model writes itself.
+
+    A live simulated node's `system` points are the client's own readings of the
+    simulator's machine; the backfill and the tests need a fleet of hosts instead:
+    memory that drifts around its level, a disk that fills slowly, CPU that
+    follows how busy the role is. A healthy host stays under the alert thresholds.
+    """
+
+    def __init__(self, rng: random.Random, busy: float) -> None:
+        self.rng = rng
+        self.busy = busy
+        self.memory_total = float(rng.choice((64, 128, 256, 512)) * 1024**3)
+        self.memory_share = rng.uniform(0.3, 0.6)
+        self.rss_share = rng.uniform(0.2, 0.5)  # of the memory in use: the training process holds most of it
+        self.disk = rng.uniform(20.0, 60.0)
+
+    def sample(self) -> dict[str, float]:
+        rng = self.rng
+        self.memory_share = min(0.85, max(0.2, self.memory_share + rng.gauss(0.0, 0.01)))
+        self.disk = min(85.0, self.disk + rng.uniform(0.0, 0.002))  # checkpoints and logs accumulate
+        used = self.memory_total * self.memory_share
+        return {
+            "cpu_percent": min(100.0, max(0.0, rng.gauss(0.6 * self.busy, 8.0))),
+            "memory_used_bytes": used,
+            "memory_total_bytes": self.memory_total,
+            "memory_percent": 100.0 * self.memory_share,
+            "process_rss_bytes": used * self.rss_share,
+            "disk_percent": self.disk,
         }
 
 

@@ -8,7 +8,6 @@ every catalog measurement. The interpolation rules themselves are tested first.
 
 from __future__ import annotations
 
-import random
 import re
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -19,7 +18,8 @@ from servers import InfluxV1
 
 from grafana.builder import downsampling
 from simulator import dashboards as dash
-from telemetry_client.catalog import CATALOG, DELTA_SUFFIX, MEASUREMENTS, QUERYABLE, STANDARD_TAGS
+from simulator import values
+from telemetry_client.catalog import CATALOG, DROP_REASONS, QUERYABLE
 from telemetry_client.metrics import MetricsLogger
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
@@ -126,105 +126,40 @@ NODES: tuple[tuple[str, str, str, str], ...] = (
 STEP_S = 10
 
 
-def _extra_tag_sets(measurement: str) -> list[dict[str, str]]:
-    if measurement == "validator_scores":
-        return [{"eval_uid": uid} for uid in MINERS]
-    if measurement == "evaluator_benchmark":
-        return [{"task": "hellaswag"}, {"task": "arc_easy"}]
-    if measurement == "gpu":
-        return [{"gpu_uuid": f"GPU-{i}", "gpu_index": str(i), "gpu_name": "NVIDIA_H100"} for i in range(2)]
-    if measurement == "gpu_memory":
-        return [{"gpu_uuid": f"GPU-{i}", "gpu_index": str(i)} for i in range(2)]
-    if measurement == "telemetry_client":
-        return [{"sink": "influxdb"}, {"sink": "loki"}]
-    return [{}]
+# Every field on every point, every 10 s; the client's counters grow steadily (the rate
+# panels' figures below: 49 records sent per 10 s per process and sink).
+GROWTH = {"queued": 50.0, "sent": 49.0, "batches": 1.0, "bytes_sent": 4096.0, "retries": 0.2, "truncated": 0.2}
+PACE = values.Pace(
+    batch=None,
+    host_every=1,
+    counters=values.ClientCounters(
+        growth=GROWTH | {f"dropped_{reason}": 0.03 for reason in DROP_REASONS}, jitter=0.0, sparse=False
+    ),
+    overflow_rate=0.0,
+)
+GPUS = 2
 
-
-def _field_value(name: str, step: int, rng: random.Random) -> float:
-    """A realistic float for `name` at the `step`-th sample (counters only grow)."""
-    delta = name.endswith(DELTA_SUFFIX)
-    name = name.removesuffix(DELTA_SUFFIX)
-    if name in ("queued", "sent", "batches", "bytes_sent", "retries", "dropped") or name.startswith("dropped_"):
-        per_step = {
-            "queued": 50.0,
-            "sent": 49.0,
-            "batches": 1.0,
-            "bytes_sent": 4096.0,
-            "retries": 0.2,
-            "dropped": 0.3,
-        }.get(name, 0.03)
-        if delta:  # the growth since the previous point, as the client writes it
-            return per_step
-        return round(per_step * step + rng.random(), 3)
-    table = {
-        "loss": 3.2 - step * 0.004 + rng.uniform(-0.05, 0.05),
-        "learning_rate": 3e-4,
-        "tokens_per_sec": rng.uniform(9000, 12000),
-        "batch_tokens": 65536.0,
-        "window": float(1000 + step // 6),
-        "global_step": float(step),
-        "loss_before": 3.1 + rng.uniform(-0.02, 0.02),
-        "loss_after": 3.0 + rng.uniform(-0.02, 0.02),
-        "improvement": rng.uniform(0.01, 0.04),
-        "evaluated_uids": 3.0,
-        "score": rng.uniform(0.0, 1.0),
-        "moving_avg_score": rng.uniform(0.2, 0.8),
-        "weight": rng.uniform(0.0, 0.5),
-        "gradients_gathered": 3.0,
-        "gather_success_rate": rng.uniform(0.8, 1.0),
-        "aggregation_time_s": rng.uniform(1, 3),
-        "duration_s": rng.uniform(30, 90),
-        "active_peers": float(rng.randint(5, 8)),
-        "sync_lag_windows": float(rng.randint(0, 2)),
-        "is_synced": float(rng.random() > 0.1),
-        "compression_ratio": rng.uniform(20, 40),
-        "gather_time_s": rng.uniform(2, 8),
-        "put_time_s": rng.uniform(0.5, 2),
-        "step_time_s": rng.uniform(8, 15),
-        "cpu_percent": rng.uniform(10, 95),
-        "memory_used_bytes": rng.uniform(2e10, 6e10),
-        "memory_total_bytes": 6.4e10,
-        "memory_percent": rng.uniform(30, 90),
-        "process_rss_bytes": rng.uniform(4e9, 8e9),
-        "disk_percent": rng.uniform(20, 80),
-        "utilization_percent": rng.uniform(50, 100),
-        "temperature_c": rng.uniform(40, 80),
-        "power_w": rng.uniform(200, 650),
-        "allocated_bytes": rng.uniform(2e10, 6e10),
-        "reserved_bytes": rng.uniform(6e10, 7e10),
-        "max_allocated_bytes": 7e10,
-        "segments": float(rng.randint(100, 400)),
-        "pending": float(rng.randint(0, 500)),
-        "truncated": 0.2 if delta else float(step // 5),
-        "pending_bytes": float(rng.randint(0, 1_000_000)),
-    }
-    if name in table:
-        return float(table[name])
-    if name.startswith("grad_norm_"):
-        return rng.uniform(0.5, 2.5)
-    raise AssertionError(f"no test value for field {name!r}: add one")
-
-
-CatalogPoint = tuple[tuple[str, str, str, str], str, dict[str, str], dict[str, float], int]
+CatalogPoint = tuple[tuple[str, str, str, str], str, dict[str, str], dict[str, Any], int]
 
 
 def catalog_points(now: datetime, duration: timedelta, seed: int = 7) -> Iterator[CatalogPoint]:
     """(node, measurement, own tags, fields, unix seconds) for every catalog measurement and role.
 
-    Every field of the measurement, all floats, one sample every 10 s.
+    The fleet's own model of values (simulator/values.py) at a pace that writes every
+    field of every measurement of the node's role, one sample every 10 s, a window a sample.
     """
-    rng = random.Random(seed)
     end = int(now.timestamp())
     steps = int(duration.total_seconds()) // STEP_S
-    for measurement in MEASUREMENTS:
-        for node in NODES:
-            if node[1] not in measurement.roles:
-                continue
-            for extra in _extra_tag_sets(measurement.name):
-                assert set(STANDARD_TAGS) | set(extra) == set(measurement.tag_names), measurement.name
-                for step in range(steps + 1):
-                    fields = {name: _field_value(name, step, rng) for name in measurement.field_names}
-                    yield node, measurement.name, extra, fields, end - (steps - step) * STEP_S
+    models = {
+        node: values.NodeModel(
+            node[1], node[0], seed, miner_uids=MINERS, fleet_size=len(NODES), gpus=GPUS, total_steps=steps, pace=PACE
+        )
+        for node in NODES
+    }
+    for step in range(steps + 1):
+        for node, model in models.items():
+            for point in model.points(step, 1000 + step):
+                yield node, point.measurement, point.tags, point.fields, end - (steps - step) * STEP_S
 
 
 def write_with_metrics_logger(
@@ -463,12 +398,17 @@ def test_worst_nodes_tables_name_the_worst_few(telemetry_db: tuple[InfluxV1, str
     assert {r["uid"] for r in rows} == {r["uid"] for r in sorted(every, key=lambda r: r["tps"])[:5]}
 
 
-def test_catalog_points_cover_every_field() -> None:
-    seen: dict[str, set[str]] = {}
-    for _, measurement, _, fields, _ in catalog_points(NOW, timedelta(seconds=10)):
-        seen.setdefault(measurement, set()).update(fields)
-    assert {m: set(CATALOG[m].field_names) for m in seen} == seen
-    assert set(seen) == set(CATALOG)
+def test_the_database_holds_every_field_of_the_catalog(telemetry_db: tuple[InfluxV1, str]) -> None:
+    """Every field of every catalog measurement is stored, as the client wrote the model's points."""
+    server, database = telemetry_db
+    for name, measurement in CATALOG.items():
+        stored = {row["fieldKey"] for row in server.rows(f'SHOW FIELD KEYS FROM "{name}"', database)}
+        missing = set(measurement.field_names) - stored
+        assert not missing, (
+            f"no value for field(s) {sorted(missing)} of measurement {name}: add one to simulator/values.py"
+        )
+        tags = {row["tagKey"] for row in server.rows(f'SHOW TAG KEYS FROM "{name}"', database)}
+        assert tags == set(measurement.tag_names), name
 
 
 def test_answers_names_the_live_target_of_a_panel() -> None:

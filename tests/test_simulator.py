@@ -13,13 +13,14 @@ import pytest
 
 from simulator import dashboards as dash
 from simulator import fleet as fl
-from simulator import load
+from simulator import load, values
 from simulator import report as rp
 from simulator import signals as sg
 from simulator import validate as vd
+from simulator.backfill import FleetShape
 from simulator.cli import UsageError, build_parser, resolve_stack
 from telemetry_client._influx.fields import normalize_fields
-from telemetry_client.catalog import CATALOG, ROLES, measurements_for_role
+from telemetry_client.catalog import CATALOG, DELTA_SUFFIX, ROLES, SELF_COUNTERS, measurements_for_role
 
 
 class Recorder:
@@ -128,6 +129,63 @@ def test_benchmark_scores_stay_within_chance_and_ceiling() -> None:
         assert chance - 0.05 < start < end < ceiling + 0.05
 
 
+# ---------------------------------------------------------------- the model of values
+
+# The model writing everything itself: every miner and task a step, the host, the client's counters.
+EVERY_FIELD = values.Pace(
+    batch=None, host_every=1, counters=values.ClientCounters(jitter=0.0, sparse=False), overflow_rate=0.0
+)
+
+
+def _model_points(role: str, pace: values.Pace, steps: int, steps_per_window: int = 1) -> list[values.Point]:
+    miners = ["m1", "m2", "m3"]
+    model = values.NodeModel(role, "n", 3, miner_uids=miners, fleet_size=6, gpus=2, total_steps=steps, pace=pace)
+    return [p for step in range(steps) for p in model.points(step, step // steps_per_window)]
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_every_field_of_every_measurement_a_role_emits_has_a_value(role: str) -> None:
+    """A measurement or field added to the catalog needs a value in the model before anything can draw it."""
+    seen: dict[str, set[str]] = {}
+    for point in _model_points(role, EVERY_FIELD, steps=4):
+        drops: dict[str, int] = {}
+        fields = normalize_fields(point.fields, lambda reason, n, drops=drops: drops.update({reason: n}))
+        assert not drops, (point.measurement, drops)
+        assert point.measurement in CATALOG, f"the model writes {point.measurement}, which the catalog lacks"
+        assert set(point.tags) == set(CATALOG[point.measurement].tags), point
+        seen.setdefault(point.measurement, set()).update(fields)
+    for measurement in (m for m in CATALOG.values() if role in m.roles):
+        assert measurement.name in seen, f"no value for measurement {measurement.name}: add one to simulator/values.py"
+        for name in measurement.field_names:
+            assert name in seen[measurement.name], (
+                f"no value for field {name} of measurement {measurement.name}: add one to simulator/values.py"
+            )
+        assert seen[measurement.name] <= set(measurement.field_names), measurement.name
+
+
+@pytest.mark.parametrize("pace", [EVERY_FIELD, FleetShape().pace()], ids=["every-field", "backfill"])
+def test_counters_only_grow_and_deltas_are_the_growth_since_the_previous_point(pace: values.Pace) -> None:
+    previous: dict[str, dict[str, float]] = {}
+    grew = set()
+    for point in _model_points("miner", pace, steps=3000, steps_per_window=6):
+        if point.measurement != "telemetry_client":
+            continue
+        sink = point.tags["sink"]
+        before = previous.get(sink)
+        for counter in SELF_COUNTERS:
+            if counter not in point.fields:
+                assert pace.counters is not None and pace.counters.sparse and counter == "truncated", counter
+                continue
+            value = point.fields[counter]
+            growth = value - (before[counter] if before else 0.0)
+            assert growth >= 0, (counter, value)
+            # The client leaves a zero delta of the rare counters out; any other is the growth.
+            assert point.fields.get(counter + DELTA_SUFFIX, 0.0) == growth, (counter, point.fields)
+            grew |= {counter} if growth else set()
+        previous[sink] = point.fields
+    assert {"queued", "sent", "batches", "bytes_sent", "retries", "dropped"} <= grew
+
+
 # ---------------------------------------------------------------- nodes
 
 
@@ -181,7 +239,6 @@ def test_same_seed_same_values_and_another_seed_other_values() -> None:
 def test_windows_advance_every_ticks_per_window_and_validators_summarise_each() -> None:
     specs = fl.build_specs(COUNTS, 5)
     plan = fl.plan_for(specs, points_per_sec=500, window_seconds=2, duration=10)
-    assert plan.ticks_per_window == round(2 * 500 / len(specs))
     recorder = Recorder()
     validator = next(s for s in specs if s.role == "validator")
     node = fl.SimNode(validator, RUN, plan, recorder)
@@ -222,6 +279,65 @@ def test_target_count_ramps_linearly_then_holds_the_rate() -> None:
     assert load.target_count(1000, 4, 4.0) == pytest.approx(2000)
     assert load.target_count(1000, 4, 10.0) == pytest.approx(8000)
     assert load.target_count(0, 4, 10.0) == 0
+
+
+def _miners_log_two_points_per_tick(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A miner whose tick logs its training step twice, as a model with a second per-step point would."""
+    one_point = values.NodeModel._role_points
+
+    def two_points(model: values.NodeModel, step: int) -> list[values.Point]:
+        points = one_point(model, step)
+        return points * 2 if model.role == "miner" else points
+
+    monkeypatch.setattr(values.NodeModel, "_role_points", two_points)
+
+
+FLEETS = {
+    "default": (COUNTS, None),
+    "eight-gpu-miners": (COUNTS, 8),  # 18 window points per miner: GPUs read at every window start
+    "two-points-per-miner-tick": (COUNTS, None),
+}
+
+
+@pytest.mark.parametrize("fleet", FLEETS)
+def test_a_planned_window_lasts_window_seconds_at_the_target_rate(fleet: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The controller paces points, one tick of every node in turn: a window's points / rate is its duration."""
+    if fleet == "two-points-per-miner-tick":
+        _miners_log_two_points_per_tick(monkeypatch)
+    counts, gpus = FLEETS[fleet]
+    specs = [
+        fl.NodeSpec(s.role, s.uid, s.version, gpus) if gpus and s.role == "miner" else s
+        for s in fl.build_specs(counts, 8)
+    ]
+    rate, window_seconds = 500.0, 2.0
+    plan = fl.plan_for(specs, rate, window_seconds, duration=10)
+    nodes = [fl.SimNode(spec, RUN, plan, Recorder()) for spec in specs]
+    logged_per_round = [sum(node.tick() for node in nodes) for _ in range(3 * plan.ticks_per_window)]
+    second_window = logged_per_round[plan.ticks_per_window : 2 * plan.ticks_per_window]
+    assert sum(second_window) / rate == pytest.approx(window_seconds, rel=0.02)
+    # The whole run lasts about `duration` at that rate too.
+    rounds = [logged_per_round[i % len(logged_per_round)] for i in range(plan.total_ticks)]
+    assert sum(rounds) / rate == pytest.approx(10, rel=0.05)
+
+
+def test_the_model_counts_the_points_a_node_logs_through_its_metrics_logger() -> None:
+    """What `values.tick_count` says a tick and a window boundary log is what a node hands MetricsLogger.log."""
+    specs = fl.build_specs(COUNTS, 9)
+    plan = fl.plan_for(specs, 500, 2, 10)
+    miners = plan.miner_uids
+    for spec in specs:
+        expected = values.tick_count(spec.role, spec.gpus, miners, len(specs))
+        recorder = Recorder()
+        node = fl.SimNode(spec, RUN, plan, recorder)
+        calls = []
+        for _ in range(2 * plan.ticks_per_window + 1):
+            before = len(recorder.points)
+            node.tick()
+            calls.append(len(recorder.points) - before)
+        inside = calls[1 : plan.ticks_per_window] + calls[plan.ticks_per_window + 1 : 2 * plan.ticks_per_window]
+        assert set(inside) == {expected.per_tick}, spec
+        for boundary in (plan.ticks_per_window, 2 * plan.ticks_per_window):
+            assert calls[boundary] == expected.per_tick + expected.per_window, spec
 
 
 def test_run_nodes_paces_to_the_target_count() -> None:
