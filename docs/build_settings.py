@@ -2,8 +2,9 @@
 
 Why generated: a default stated by hand in several places goes stale when the code
 changes. Here every default is read from the client's own objects: the signatures
-of the public callables (`inspect.signature`), the fields of the settings
-dataclasses their parameters take (`BufferSettings`), what `telemetry_client.config`
+of the public callables (`inspect.signature`, the flat keywords of a `**keywords`
+typed with `Unpack` included), the fields of the settings dataclasses their
+parameters take (`Connection`, `TLS`, `Timeouts`, `BufferSettings`), what `telemetry_client.config`
 resolves with no argument and no environment variable, its `ENV_*`/`DEFAULT_*`
 constants and `INFLUXDB_ENV`/`LOKI_ENV` maps, and the Loki limits the client
 enforces. Each line's meaning comes from the code's comment on that field or
@@ -66,19 +67,34 @@ def _loki_defaults() -> config.LokiConfig:
     return config.loki_config(url="http://127.0.0.1", environ={})
 
 
-# Which callable reads which environment variables, and the resolver that gives its
-# defaults when a parameter's own default is None ("not given").
-ENVIRONMENT: dict[str, tuple[Mapping[str, str], Callable[[], Any]]] = {
-    "MetricsLogger": (config.INFLUXDB_ENV, _influxdb_defaults),
-    "setup_loki_logger": (config.LOKI_ENV, _loki_defaults),
+def _settings(resolved: Any, names: Mapping[str, str] | None = None) -> dict[str, config.Setting]:
+    """A resolved destination's settings by name; `names` renames a group's fields (field -> setting)."""
+    if names is None:
+        return {s.name: s for s in resolved.settings}
+    return {field: resolved.setting(setting) for field, setting in names.items()}
+
+
+# TLS fields whose setting the InfluxDB resolver knows under another name (field -> setting).
+TLS_SETTINGS = {"verify": "verify_tls"}
+
+# Which callable or settings dataclass reads which environment variables (name -> variable),
+# and the resolved settings that give its defaults when its own default is None ("not given").
+ENVIRONMENT: dict[str, tuple[Mapping[str, str], Callable[[], Mapping[str, config.Setting]]]] = {
+    "MetricsLogger": (config.INFLUXDB_ENV, lambda: _settings(_influxdb_defaults())),
+    "Connection": (config.INFLUXDB_ENV, lambda: _settings(_influxdb_defaults())),
+    "TLS": (
+        {field: config.INFLUXDB_ENV[setting] for field, setting in TLS_SETTINGS.items()},
+        lambda: _settings(_influxdb_defaults(), TLS_SETTINGS),
+    ),
+    "setup_loki_logger": (config.LOKI_ENV, lambda: _settings(_loki_defaults())),
 }
 
 # What each setting means, where the code carries no comment saying it. A key is a
 # name (the same meaning wherever it appears) or "Owner.name" (one owner only).
 MEANINGS: dict[str, str] = {
     # InfluxDB destination
-    "MetricsLogger.url": "the InfluxDB base URL; wins over host and port",
-    "MetricsLogger.host": "the InfluxDB host, when no URL is given (none anywhere: the logger is off)",
+    "Connection.url": "the InfluxDB base URL; wins over host and port",
+    "host": "the InfluxDB host, when no URL is given (none anywhere: the logger is off)",
     "port": "the InfluxDB port, with host",
     "scheme": "`https`, or `http` for a loopback host, with host",
     "database": "the database (API v1) or bucket (API v2)",
@@ -88,11 +104,17 @@ MEANINGS: dict[str, str] = {
     "username": "basic auth user (InfluxDB: API v1 only); with password",
     "password": "basic auth password; with username",
     "retention_policy": "API v1 retention policy (none: the database's default)",
-    "verify_tls": "verify the server's TLS certificate",
+    "verify_tls": "verify the server's TLS certificate (`TLS.verify`; none: verified)",
+    "TLS.verify": "verify the server's TLS certificate (the Loki handlers read no variable: verified)",
     "ca_certs": "a CA bundle to verify the server with (none: the system's)",
     "compress": "gzip request bodies",
-    "connect_timeout": "seconds to connect, per request",
-    "read_timeout": "seconds to wait for an answer, per request",
+    "connect_timeout": "`Timeouts.connect` (none: its default)",
+    "read_timeout": "`Timeouts.read` (none: its default)",
+    "Timeouts.connect": "seconds to connect, per request",
+    "Timeouts.read": "seconds to wait for an answer, per request",
+    "connection": "where to write and how to authenticate (`Connection` below; none: the flat keywords and env)",
+    "tls": "certificate checks (`TLS` below; none: the flat keywords, then the defaults)",
+    "timeouts": "per-request timeouts (`Timeouts` below; none: the flat keywords, then the defaults)",
     "buffer": "bounds, batching and retries of the channel (`BufferSettings` below; none: its defaults)",
     "enabled": "`False`: an explicit no-op that reads and needs nothing",
     "strict": "nothing configured is a `ConfigurationError` rather than the destination off",
@@ -228,12 +250,15 @@ def callable_entries(obj: Callable[..., Any]) -> tuple[list[Entry], list[type]]:
     """The entries of a public callable's parameters, and the settings dataclasses they take."""
     owner = obj.__name__
     env_names, resolve = ENVIRONMENT.get(owner, ({}, None))
-    resolved = {s.name: s for s in resolve().settings} if resolve else {}
+    resolved = resolve() if resolve else {}
     target = obj.__init__ if inspect.isclass(obj) else obj
     hints = typing.get_type_hints(target)
     entries, nested = [], []
     for parameter in inspect.signature(obj).parameters.values():
-        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+        if parameter.kind == parameter.VAR_KEYWORD:
+            entries += flat_keyword_entries(owner, hints.get(parameter.name))
+            continue
+        if parameter.kind == parameter.VAR_POSITIONAL:
             continue
         name = parameter.name
         default = REQUIRED if parameter.default is parameter.empty else parameter.default
@@ -246,16 +271,45 @@ def callable_entries(obj: Callable[..., Any]) -> tuple[list[Entry], list[type]]:
     return entries, nested
 
 
+def flat_keyword_entries(owner: str, annotation: Any) -> list[Entry]:
+    """The flat keywords of a `**keywords: Unpack[SomeTypedDict]`: each says which group's field it sets.
+
+    A key's annotation carries that field as metadata (`Annotated[..., Alias(group, field)]`,
+    read by its `group` and `field`); the row shows the field's variable, and the
+    field's own row gives the default.
+    """
+    if typing.get_origin(annotation) is not typing.Unpack:
+        return []
+    [keywords] = typing.get_args(annotation)
+    entries = []
+    for name, hint in typing.get_type_hints(keywords, include_extras=True).items():
+        [alias] = [meta for meta in getattr(hint, "__metadata__", ()) if hasattr(meta, "group")]
+        group = alias.group.__name__
+        env = ENVIRONMENT.get(group, ({}, None))[0].get(alias.field)
+        meaning = f"the same as `{group}.{alias.field}` (giving both is a `ConfigurationError`)"
+        entries.append(Entry(owner, name, None, env, meaning, "code"))
+    return entries
+
+
 def dataclass_entries(cls: type) -> list[Entry]:
-    """The entries of a settings dataclass's fields, meanings from the comments on them."""
+    """The entries of a settings dataclass's fields, meanings from the comments on them.
+
+    A field whose default is None ("not given") shows the resolver's default and
+    its environment variable when ENVIRONMENT names the class.
+    """
     code = _assignment_comments(inspect.getsource(cls))
+    env_names, resolve = ENVIRONMENT.get(cls.__name__, ({}, None))
+    resolved = resolve() if resolve else {}
     entries = []
     for f in dataclasses.fields(cls):
         default = f.default if f.default is not dataclasses.MISSING else REQUIRED
         if f.default_factory is not dataclasses.MISSING:
             default = f.default_factory()
+        setting = resolved.get(f.name)
+        if default is None and setting is not None and setting.source == config.DEFAULT:
+            default = setting.value
         meaning, source = _meaning(cls.__name__, f.name, code)
-        entries.append(Entry(cls.__name__, f.name, default, None, meaning, source))
+        entries.append(Entry(cls.__name__, f.name, default, env_names.get(f.name), meaning, source))
     return entries
 
 
@@ -343,6 +397,13 @@ SECTION_NOTES = {
     "setup_loki_logger": "`telemetry_client.setup_loki_logger`; read when it is called; an argument wins over its "
     "variable ([logging.md](logging.md#environment)).",
     "LokiHandler": "`telemetry_client.LokiHandler`; the handler alone reads no environment variable.",
+    "Connection": "`telemetry_client.Connection`, the `connection=` of `MetricsLogger`: what "
+    "`telemetry_client.config.influxdb_config` resolves; a field not given falls back to its variable, "
+    "then the default ([metrics.md](metrics.md#configuration)).",
+    "TLS": "`telemetry_client.TLS`, the `tls=` of `MetricsLogger`, `setup_loki_logger` and `LokiHandler`; "
+    "only `MetricsLogger` reads the variable.",
+    "Timeouts": "`telemetry_client.Timeouts`, the `timeouts=` of `MetricsLogger`, `setup_loki_logger` and "
+    "`LokiHandler`.",
     "BufferSettings": "`telemetry_client.BufferSettings`, the `buffer=` of every logger and handler "
     "([delivery.md](delivery.md#the-memory-bound)).",
     PROCESS_TITLE: "Read at the process's end and by `python -m telemetry_client doctor` ([delivery.md](delivery.md)).",

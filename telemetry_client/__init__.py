@@ -9,20 +9,24 @@ Modules and packages whose name starts with `_` are the implementation.
 """
 
 from telemetry_client._engine.lifecycle import handle_sigterm
+from telemetry_client._engine.settings import TLS, Timeouts
 from telemetry_client._engine.shipping import BufferSettings, shutdown
 from telemetry_client._loki.context import bind, log_context, unbind
 from telemetry_client.errors import ConfigurationError
 from telemetry_client.experiment_tracking import initialize_wandb
 from telemetry_client.loki import LokiHandler, log_with_context, setup_loki_logger
-from telemetry_client.metrics import MetricsLogger
+from telemetry_client.metrics import Connection, MetricsLogger
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "TLS",
     "BufferSettings",
     "ConfigurationError",
+    "Connection",
     "LokiHandler",
     "MetricsLogger",
+    "Timeouts",
     "__version__",
     "bind",
     "handle_sigterm",

@@ -24,10 +24,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 PUBLIC: dict[str, list[str]] = {
     "telemetry_client": [
+        "TLS",
         "BufferSettings",
         "ConfigurationError",
+        "Connection",
         "LokiHandler",
         "MetricsLogger",
+        "Timeouts",
         "__version__",
         "bind",
         "handle_sigterm",
@@ -86,13 +89,15 @@ PUBLIC: dict[str, list[str]] = {
         "series_per_node",
         "spread_series",
     ],
-    "telemetry_client.metrics": ["MetricsLogger", "encode_lines"],
+    "telemetry_client.metrics": ["TLS", "Connection", "MetricsLogger", "Timeouts", "encode_lines"],
     "telemetry_client.loki": [
+        "TLS",
         "DropMessagesMatching",
         "LokiHandler",
         "LokiLogger",
         "NoSubtensorWarning",
         "OneLineFormatter",
+        "Timeouts",
         "console_handler",
         "log_with_context",
         "push_url",

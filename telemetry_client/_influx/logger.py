@@ -11,13 +11,15 @@ import datetime as dt
 import random
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any, TypedDict, Unpack
 
 from telemetry_client._engine.disabled import Counter, disabled_stats
 from telemetry_client._engine.self_log import warn
+from telemetry_client._engine.settings import TLS, Alias, Timeouts, aliases_of, combine
 from telemetry_client._engine.shipping import BufferSettings, Channel
 from telemetry_client._engine.transport import HttpTransport
 from telemetry_client._influx import line_protocol as lp
+from telemetry_client._influx.connection import Connection
 from telemetry_client._influx.fields import DEFAULT_MAX_STRING_BYTES, list_stats
 from telemetry_client._influx.sink import InfluxSink
 from telemetry_client.config import influxdb_config
@@ -25,6 +27,27 @@ from telemetry_client.errors import ConfigurationError
 
 # Config attributes that may become tags: tag name -> dotted attribute path in `config`.
 DEFAULT_CONFIG_TAGS: Mapping[str, str] = {"netuid": "netuid", "network": "subtensor.network"}
+# The seed's positional connection parameters, each a field of `Connection` of the same name.
+POSITIONAL_CONNECTION = ("host", "port", "database", "token", "org")
+
+
+class FlatSettings(TypedDict, total=False):
+    """The flat keywords MetricsLogger has always taken for what `connection`, `tls` and `timeouts` now group."""
+
+    url: Annotated[str | None, Alias(Connection, "url")]
+    scheme: Annotated[str | None, Alias(Connection, "scheme")]
+    api_version: Annotated[int | str | None, Alias(Connection, "api_version")]
+    username: Annotated[str | None, Alias(Connection, "username")]
+    password: Annotated[str | None, Alias(Connection, "password")]
+    retention_policy: Annotated[str | None, Alias(Connection, "retention_policy")]
+    verify_tls: Annotated[bool | None, Alias(TLS, "verify")]
+    ca_certs: Annotated[str | None, Alias(TLS, "ca_certs")]
+    connect_timeout: Annotated[float | None, Alias(Timeouts, "connect")]
+    read_timeout: Annotated[float | None, Alias(Timeouts, "read")]
+
+
+FLAT_KEYWORDS: dict[str, Alias] = aliases_of(FlatSettings)
+FLAT_ALIASES: dict[str, Alias] = {**{name: Alias(Connection, name) for name in POSITIONAL_CONNECTION}, **FLAT_KEYWORDS}
 
 
 def seed_buffer_arguments(
@@ -57,6 +80,11 @@ def seed_buffer_arguments(
     return BufferSettings(max_items=max_queue_size, batch_items=min(default.batch_items, max_queue_size))
 
 
+def _keywords_of(group: type) -> dict[str, str]:
+    """The flat keywords of `group`'s fields: keyword -> field name."""
+    return {keyword: alias.field for keyword, alias in FLAT_ALIASES.items() if alias.group is group}
+
+
 def _config_value(config: Any, path: str) -> Any:
     value = config
     for part in path.split("."):
@@ -78,6 +106,12 @@ class MetricsLogger:
     once, naming the variables to set, and counts every point `disabled`; with
     `strict` that is a `ConfigurationError`. A setting present but wrong always
     raises `ConfigurationError`, here, at construction.
+
+    The connection, TLS and timeout settings come either grouped (`connection=Connection(...)`,
+    `tls=TLS(...)`, `timeouts=Timeouts(...)`) or as the flat keywords the logger
+    has always taken (`host`, `token`, `url`, `verify_tls`, `connect_timeout`...,
+    see `FlatSettings`); both forms may be mixed, but one setting given both ways
+    is a `ConfigurationError`.
 
     `prefix` is written in front of every measurement as is: `prefix="V"` and
     `validator_window_v2` give `Vvalidator_window_v2`. `max_queue_size` bounds the
@@ -105,20 +139,13 @@ class MetricsLogger:
         group: str | None = None,
         job_type: str | None = None,
         *,
-        network: str | None = None,
-        url: str | None = None,
-        scheme: str | None = None,
-        api_version: int | None = None,
-        username: str | None = None,
-        password: str | None = None,
-        retention_policy: str | None = None,
-        verify_tls: bool | None = None,
-        ca_certs: str | None = None,
-        config_tags: Mapping[str, str] = DEFAULT_CONFIG_TAGS,
+        connection: Connection | None = None,
+        tls: TLS | None = None,
+        timeouts: Timeouts | None = None,
         buffer: BufferSettings | None = None,
+        network: str | None = None,
+        config_tags: Mapping[str, str] = DEFAULT_CONFIG_TAGS,
         compress: bool = True,
-        connect_timeout: float = 3.0,
-        read_timeout: float = 10.0,
         system_metrics_interval: float = 10.0,
         self_metrics_interval: float | None = 10.0,
         max_string_bytes: int = DEFAULT_MAX_STRING_BYTES,
@@ -126,7 +153,20 @@ class MetricsLogger:
         strict: bool | None = None,
         max_queue_size: int | None = None,
         max_workers: int | None = None,
+        **flat: Unpack[FlatSettings],
     ) -> None:
+        unknown = sorted(flat.keys() - FLAT_KEYWORDS.keys())
+        if unknown:
+            raise TypeError(f"MetricsLogger() got an unexpected keyword argument {unknown[0]!r}")
+        given = {"host": host, "port": port, "database": database, "token": token, "org": org, **flat}
+        self.connection, self.tls, self.timeouts = (
+            combine(cls, value, parameter, given, _keywords_of(cls), "MetricsLogger")
+            for cls, value, parameter in (
+                (Connection, connection, "connection"),
+                (TLS, tls, "tls"),
+                (Timeouts, timeouts, "timeouts"),
+            )
+        )
         self.prefix = prefix
         self.uid = None if uid is None else str(uid)
         self.role = role
@@ -160,20 +200,7 @@ class MetricsLogger:
             raise ConfigurationError(f"prefix {prefix!r} is not a valid measurement name prefix")
         buffer = seed_buffer_arguments(buffer, max_queue_size, max_workers)
         self.settings = influxdb_config(
-            url=url,
-            host=host,
-            port=port,
-            scheme=scheme,
-            database=database,
-            token=token,
-            org=org,
-            api_version=api_version,
-            username=username,
-            password=password,
-            retention_policy=retention_policy,
-            verify_tls=verify_tls,
-            strict=strict,
-            enabled=enabled,
+            **self.connection.arguments(), verify_tls=self.tls.verify, strict=strict, enabled=enabled
         )
         self.enabled = self.settings.enabled
         self.database = self.settings.database
@@ -189,9 +216,9 @@ class MetricsLogger:
             self.settings.write_url or "",
             dict(self.settings.headers),
             verify_tls=self.settings.verify_tls,
-            ca_certs=ca_certs,
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
+            ca_certs=self.tls.ca_certs,
+            connect_timeout=self.timeouts.connect,
+            read_timeout=self.timeouts.read,
             compress=compress,
         )
         self._sink = InfluxSink(

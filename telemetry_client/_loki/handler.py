@@ -22,6 +22,7 @@ from typing import Any
 
 from telemetry_client._engine.disabled import Counter, disabled_stats
 from telemetry_client._engine.self_log import warn
+from telemetry_client._engine.settings import TLS, Timeouts, combine
 from telemetry_client._engine.shipping import BufferSettings, Channel
 from telemetry_client._engine.transport import HttpTransport
 from telemetry_client._loki.console import console_handler, default_filters
@@ -48,6 +49,8 @@ _RECORD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__
 _BASE_ATTR_COUNT = len(logging.LogRecord("", 0, "", 0, "", (), None).__dict__)
 _exception_formatter = logging.Formatter()
 _LEVEL_ALIASES = {"WARN": logging.WARNING, "FATAL": logging.CRITICAL}
+TLS_KEYWORDS = {"verify_tls": "verify", "ca_certs": "ca_certs"}
+TIMEOUT_KEYWORDS = {"connect_timeout": "connect", "read_timeout": "read"}
 
 
 def push_url(url: str) -> str:
@@ -90,6 +93,11 @@ class LokiHandler(logging.Handler):
 
     If a formatter is set, its output becomes the line's `message` (formatted on
     the logging thread); otherwise the message is `record.getMessage()`.
+
+    TLS and timeouts come as `tls=TLS(...)`, `timeouts=Timeouts(...)` (the objects
+    a MetricsLogger takes) or as the flat `verify_tls`, `ca_certs`,
+    `connect_timeout`, `read_timeout`; one setting given both ways is a
+    `ConfigurationError`.
     """
 
     def __init__(
@@ -102,22 +110,32 @@ class LokiHandler(logging.Handler):
         bearer_token: str | None = None,
         tenant_id: str | None = None,
         headers: Mapping[str, str] | None = None,
-        verify_tls: bool = True,
+        verify_tls: bool | None = None,
         ca_certs: str | None = None,
         level: int = logging.NOTSET,
         buffer: BufferSettings | None = None,
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         structured_metadata: bool = False,
         compress: bool = True,
-        connect_timeout: float = 3.0,
-        read_timeout: float = 10.0,
+        connect_timeout: float | None = None,
+        read_timeout: float | None = None,
         close_timeout: float = 5.0,
+        tls: TLS | None = None,
+        timeouts: Timeouts | None = None,
     ) -> None:
         if version is not None and str(version) != "1":
             raise ConfigurationError(
                 f"Loki push API version {version!r} is not supported: "
                 "only '1' (/loki/api/v1/push) exists in current Loki"
             )
+        flat = {
+            "verify_tls": verify_tls,
+            "ca_certs": ca_certs,
+            "connect_timeout": connect_timeout,
+            "read_timeout": read_timeout,
+        }
+        self.tls = combine(TLS, tls, "tls", flat, TLS_KEYWORDS, "LokiHandler")
+        self.timeouts = combine(Timeouts, timeouts, "timeouts", flat, TIMEOUT_KEYWORDS, "LokiHandler")
         labels = validate_labels(tags or {})
         url, url_auth = split_url_credentials(push_url(url))
         auth = auth or url_auth
@@ -148,10 +166,10 @@ class LokiHandler(logging.Handler):
         transport = HttpTransport(
             url,
             request_headers,
-            verify_tls=verify_tls,
-            ca_certs=ca_certs,
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
+            verify_tls=self.tls.verify is not False,
+            ca_certs=self.tls.ca_certs,
+            connect_timeout=self.timeouts.connect,
+            read_timeout=self.timeouts.read,
             compress=compress,
         )
         self._sink = LokiSink(transport, labels, check_max_line_bytes(max_line_bytes), structured_metadata)
@@ -377,7 +395,7 @@ def setup_loki_logger(
     password: str | None = None,
     bearer_token: str | None = None,
     tenant_id: str | None = None,
-    verify_tls: bool = True,
+    verify_tls: bool | None = None,
     ca_certs: str | None = None,
     labels: Mapping[str, Any] | None = None,
     level: int | str = logging.INFO,
@@ -393,6 +411,8 @@ def setup_loki_logger(
     enabled: bool = True,
     strict: bool | None = None,
     close_timeout: float = 5.0,
+    tls: TLS | None = None,
+    timeouts: Timeouts | None = None,
 ) -> LokiLogger:
     """Configure logger `logger_name` (default: `service`) to ship to Loki and print to the console.
 
@@ -409,7 +429,8 @@ def setup_loki_logger(
     setting that is present but wrong always raises ConfigurationError. Calling
     it again for the same logger replaces (and closes) the handlers the previous
     call installed. `filters` default to dropping the subtensor "Verify your local
-    subtensor" warning; pass [] for none.
+    subtensor" warning; pass [] for none. `tls` and `timeouts` are the handler's
+    (`LokiHandler`), flat or grouped.
     """
     if not service:
         raise ConfigurationError("service is required (e.g. 'miner')")
@@ -450,6 +471,8 @@ def setup_loki_logger(
             tenant_id=settings.tenant_id,
             verify_tls=verify_tls,
             ca_certs=ca_certs,
+            tls=tls,
+            timeouts=timeouts,
             buffer=buffer,
             max_line_bytes=max_line_bytes,
             structured_metadata=structured_metadata,
