@@ -114,6 +114,7 @@ MEANINGS: dict[str, str] = {
     "Timeouts.read": "seconds to wait for an answer, per request",
     "connection": "where to write and how to authenticate (`Connection` below; none: the flat keywords and env)",
     "tls": "certificate checks (`TLS` below; none: the flat keywords, then the defaults)",
+    "destination": "in a node's own tests: where to send instead of a server (`telemetry_client.testing`)",
     "timeouts": "per-request timeouts (`Timeouts` below; none: the flat keywords, then the defaults)",
     "buffer": "bounds, batching and retries of the channel (`BufferSettings` below; none: its defaults)",
     "enabled": "`False`: an explicit no-op that reads and needs nothing",

@@ -4,7 +4,8 @@ Importing this package has no side effects: no logging configuration, no thread,
 no environment read. Everything happens when you build a logger.
 
 What is public: the names in `__all__` and the modules `metrics`, `loki`,
-`experiment_tracking`, `config`, `errors`, `catalog`, `cardinality` and `doctor`.
+`experiment_tracking`, `config`, `errors`, `catalog`, `cardinality`, `doctor` and
+`testing` (an in-memory destination for a node's own tests).
 Modules and packages whose name starts with `_` are the implementation.
 """
 

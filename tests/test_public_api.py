@@ -105,6 +105,7 @@ PUBLIC: dict[str, list[str]] = {
     ],
     "telemetry_client.experiment_tracking": ["VersionedRun", "WandbNotInstalledError", "initialize_wandb"],
     "telemetry_client.doctor": ["main"],
+    "telemetry_client.testing": ["InMemoryDestination", "LogEntry", "Point", "Request"],
 }
 
 # The private packages each layer may import, besides the shared public errors, config and catalog;

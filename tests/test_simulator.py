@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -19,19 +19,34 @@ from simulator import signals as sg
 from simulator import validate as vd
 from simulator.backfill import FleetShape
 from simulator.cli import UsageError, build_parser, resolve_stack
+from telemetry_client import MetricsLogger, setup_loki_logger
 from telemetry_client._influx.fields import normalize_fields
 from telemetry_client.catalog import CATALOG, DELTA_SUFFIX, ROLES, SELF_COUNTERS, measurements_for_role
+from telemetry_client.testing import InMemoryDestination
+
+_OPEN: list[Any] = []  # the loggers the recorders built, closed after each test
+
+
+@pytest.fixture(autouse=True)
+def _close_recorders() -> Iterator[None]:
+    yield
+    while _OPEN:
+        _OPEN.pop().close(0)
 
 
 class Recorder:
-    """Stands in for MetricsLogger: keeps what a node logs, with the client's field typing rule applied."""
+    """A node's MetricsLogger sending to memory: what it would have written, through the client's own encoder.
+
+    `calls` is what the node handed `log()` (measurement, whether it asked for
+    system metrics); `points` what the logger sent, after its tag and typing rules;
+    `drops` what the client dropped, by reason.
+    """
 
     def __init__(self) -> None:
-        self.points: list[tuple[str, dict[str, str], dict[str, Any], int, bool]] = []
-        self.drops: dict[str, int] = {}
-
-    def _drop(self, reason: str, count: int) -> None:
-        self.drops[reason] = self.drops.get(reason, 0) + count
+        self.sent = InMemoryDestination()
+        self.logger = MetricsLogger(destination=self.sent, self_metrics_interval=None)
+        _OPEN.append(self.logger)
+        self.calls: list[tuple[str, bool]] = []
 
     def log(
         self,
@@ -42,25 +57,43 @@ class Recorder:
         with_system_metrics: bool = False,
         with_gpu_metrics: bool = False,
     ) -> None:
-        clean = normalize_fields(dict(fields or {}), self._drop)
-        self.points.append((measurement, dict(tags or {}), clean, int(timestamp or 0), with_system_metrics))
+        self.calls.append((measurement, with_system_metrics))
+        # The host's own samples are left out: they are not the node's, and differ from run to run.
+        self.logger.log(measurement, tags, fields, timestamp)
+
+    @property
+    def points(self) -> list[tuple[str, dict[str, str], dict[str, Any], int]]:
+        assert self.sent.flush() == 0
+        return [(p.measurement, p.tags, p.fields, p.timestamp) for p in self.sent.points]
+
+    @property
+    def drops(self) -> dict[str, int]:
+        assert self.sent.flush() == 0
+        return self.logger.stats()["dropped_by_reason"]
 
 
 class LogRecorder:
-    """Stands in for the Loki logger."""
+    """A node's Loki logger sending to memory: (level, message, context, with a traceback) of each line sent."""
 
     def __init__(self) -> None:
-        self.lines: list[tuple[str, str, dict[str, Any], bool]] = []
+        self.sent = InMemoryDestination()
+        self.logger = setup_loki_logger(
+            "sim-test", destination=self.sent, console=False, level="DEBUG", logger_name=f"sim-test.{id(self)}"
+        )
+        _OPEN.append(self.logger)
+        self.log_with_context = self.logger.log_with_context
+        self.log = self.logger.log
 
-    def log_with_context(self, level: str, message: str, **context: Any) -> None:
-        self.lines.append((level, message, context, False))
-
-    def log(self, levelno: int, message: str, exc_info: bool = False, extra: dict | None = None) -> None:
-        import logging
-        import sys
-
-        assert exc_info and sys.exc_info()[0] is not None, "errors are logged inside the except block"
-        self.lines.append((logging.getLevelName(levelno).lower(), message, dict(extra or {}), True))
+    @property
+    def lines(self) -> list[tuple[str, str, dict[str, Any], bool]]:
+        assert self.sent.flush() == 0
+        lines = []
+        for entry in self.sent.entries:
+            record = entry.record
+            context = {k: v for k, v in record.items() if k not in ("message", "level", "logger", "pid", "thread")}
+            with_exception = context.pop("exception", None) is not None
+            lines.append((record["level"], record["message"], context, with_exception))
+        return lines
 
 
 COUNTS = {"miner": 6, "validator": 2, "aggregator": 1, "evaluator": 1}
@@ -195,7 +228,7 @@ def test_every_node_emits_every_catalog_measurement_of_its_role_with_every_field
     for uid, (recorder, _) in by_uid.items():
         role = specs[uid].role
         seen: dict[str, set[str]] = {}
-        for measurement, tags, fields, _, _ in recorder.points:
+        for measurement, tags, fields, _ in recorder.points:
             seen.setdefault(measurement, set()).update(fields)
             for tag in tags:
                 assert tag in CATALOG[measurement].tags, (measurement, tag)
@@ -213,7 +246,8 @@ def test_role_specific_tags_and_system_metrics() -> None:
     assert eval_uids == miners
     assert {p[1]["task"] for p in points if p[0] == "evaluator_benchmark"} == set(sg.BENCHMARK_TASKS)
     # The per-step point of every role asks the client for `system` metrics, as a node does.
-    assert {p[0] for p in points if p[4]} == {
+    calls = [call for recorder, _ in by_uid.values() for call in recorder.calls]
+    assert {measurement for measurement, system in calls if system} == {
         "training_step",
         "validator_scores",
         "aggregator_step",
@@ -254,7 +288,7 @@ def test_gradient_overflow_is_dropped_by_the_client_as_non_finite() -> None:
     drops = sum(recorder.drops.get("non_finite", 0) for recorder, _ in by_uid.values())
     assert drops > 0
     for recorder, _ in by_uid.values():
-        for name, _, fields, _, _ in recorder.points:
+        for name, _, fields, _ in recorder.points:
             if name == "training_step":
                 assert all(math.isfinite(v) for v in fields.values() if isinstance(v, float))
 
@@ -331,9 +365,9 @@ def test_the_model_counts_the_points_a_node_logs_through_its_metrics_logger() ->
         node = fl.SimNode(spec, RUN, plan, recorder)
         calls = []
         for _ in range(2 * plan.ticks_per_window + 1):
-            before = len(recorder.points)
+            before = len(recorder.calls)
             node.tick()
-            calls.append(len(recorder.points) - before)
+            calls.append(len(recorder.calls) - before)
         inside = calls[1 : plan.ticks_per_window] + calls[plan.ticks_per_window + 1 : 2 * plan.ticks_per_window]
         assert set(inside) == {expected.per_tick}, spec
         for boundary in (plan.ticks_per_window, 2 * plan.ticks_per_window):
@@ -346,7 +380,7 @@ def test_run_nodes_paces_to_the_target_count() -> None:
     recorders = [Recorder() for _ in specs]
     nodes = [fl.SimNode(s, RUN, plan, r) for s, r in zip(specs, recorders, strict=True)]
     outcome = load.run_nodes(nodes, 400, 0, 0.5, 0, close_timeout=1)
-    logged = sum(len(r.points) for r in recorders)
+    logged = sum(len(r.calls) for r in recorders)
     assert outcome["points_logged"] == logged
     # 200 are due: whole ticks and window starts add a few, never a burst beyond the target;
     # a busy machine may fall short, which the report shows as a lower achieved rate.

@@ -33,7 +33,7 @@ from telemetry_client._engine import lifecycle
 from telemetry_client._engine.lifecycle import exit_timeout
 from telemetry_client._engine.retry import backoff_delay, parse_retry_after
 from telemetry_client._engine.self_log import warn
-from telemetry_client._engine.transport import HttpTransport, Pending, Response, TransportError
+from telemetry_client._engine.transport import Answer, Response, Transport, TransportError
 
 # An encoded unit ready to send: (payload, size in bytes, accounting key such as a
 # measurement name or a stream).
@@ -98,7 +98,7 @@ class Sink(Protocol):
     """What a destination provides to the engine: encoding and the request body."""
 
     name: str
-    transport: HttpTransport
+    transport: Transport
 
     def encode(self, record: Any, emit: Callable[[Item], None], drop: Callable[[str, int], None]) -> None:
         """Turn one caller record into zero or more items (call `emit`), counting drops (`drop`)."""
@@ -435,7 +435,7 @@ class Channel:
             self._schedule_retry(response, error, refill)
             return False
 
-    def _encode_while_waiting(self, pending: Pending) -> None:
+    def _encode_while_waiting(self, pending: Answer) -> None:
         """Encode what the caller queued while the server works on the request, until its answer arrives.
 
         Chunks of `OVERLAP_CHUNK` records, up to two batches' worth: encoding and

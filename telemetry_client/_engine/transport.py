@@ -14,7 +14,9 @@ import select
 import socket
 import ssl
 import urllib.parse
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 
 class TransportError(Exception):
@@ -26,6 +28,41 @@ class Response:
     status: int
     body: bytes
     retry_after: str | None
+
+
+class Answer(Protocol):
+    """A request sent: whether its answer has come, and the answer."""
+
+    def answered(self) -> bool: ...
+
+    def finish(self) -> Response: ...
+
+
+class Transport(Protocol):
+    """What the engine and the sinks use of a transport: `HttpTransport`, or a test's in-memory one."""
+
+    url: str
+    headers: dict[str, str]
+
+    def reset(self) -> None: ...
+
+    def encode_body(self, body: bytes) -> bytes: ...
+
+    def decode_body(self, body: bytes) -> bytes: ...
+
+    def start(self, body: bytes, timeout_cap: float | None = None) -> Answer: ...
+
+    def close(self) -> None: ...
+
+
+class Destination(Protocol):
+    """Where a logger given `destination=` sends instead of a server (`telemetry_client.testing`)."""
+
+    url: str  # what the logger shows as its target
+
+    def open(self, sink: str, headers: Mapping[str, str], compress: bool) -> Transport:
+        """A transport for one logger's channel; `sink` is "influxdb" or "loki" (the body's format)."""
+        ...
 
 
 class Pending:

@@ -17,12 +17,12 @@ from telemetry_client._engine.disabled import Counter, disabled_stats
 from telemetry_client._engine.self_log import warn
 from telemetry_client._engine.settings import TLS, Alias, Timeouts, aliases_of, combine
 from telemetry_client._engine.shipping import BufferSettings, Channel
-from telemetry_client._engine.transport import HttpTransport
+from telemetry_client._engine.transport import Destination, HttpTransport, Transport
 from telemetry_client._influx import line_protocol as lp
 from telemetry_client._influx.connection import Connection
 from telemetry_client._influx.fields import DEFAULT_MAX_STRING_BYTES, list_stats
 from telemetry_client._influx.sink import InfluxSink
-from telemetry_client.config import influxdb_config
+from telemetry_client.config import InfluxDBConfig, influxdb_config
 from telemetry_client.errors import ConfigurationError
 
 # Config attributes that may become tags: tag name -> dotted attribute path in `config`.
@@ -85,6 +85,28 @@ def _keywords_of(group: type) -> dict[str, str]:
     return {keyword: alias.field for keyword, alias in FLAT_ALIASES.items() if alias.group is group}
 
 
+def _destination_settings(destination: Destination, connection: Connection, tls: TLS, enabled: bool) -> InfluxDBConfig:
+    """The settings of a logger that sends to `destination`: nothing resolved, nothing read from the environment."""
+    given = [f"{name}=" for name, value in connection.arguments().items() if value is not None]
+    given += [f"tls.{name}" for name, value in vars(tls).items() if value is not None]
+    if given:
+        raise ConfigurationError(
+            f"MetricsLogger: destination= replaces the server, so {', '.join(given)} cannot be given with it"
+        )
+    if not enabled:
+        return influxdb_config(enabled=False)
+    headers = {"Content-Type": "text/plain; charset=utf-8"}
+    return InfluxDBConfig(
+        enabled=True,
+        strict=False,
+        disabled_reason=None,
+        settings=(),
+        ignored=(),
+        write_url=destination.url,
+        headers=headers,
+    )
+
+
 def _config_value(config: Any, path: str) -> Any:
     value = config
     for part in path.split("."):
@@ -112,6 +134,11 @@ class MetricsLogger:
     has always taken (`host`, `token`, `url`, `verify_tls`, `connect_timeout`...,
     see `FlatSettings`); both forms may be mixed, but one setting given both ways
     is a `ConfigurationError`.
+
+    `destination` replaces the server for a node's own tests: an
+    `telemetry_client.testing.InMemoryDestination` records what would have been
+    sent. The connection is then not resolved (no INFLUXDB_* variable is read) and
+    giving one too is a `ConfigurationError`.
 
     `prefix` is written in front of every measurement as is: `prefix="V"` and
     `validator_window_v2` give `Vvalidator_window_v2`. `max_queue_size` bounds the
@@ -153,6 +180,7 @@ class MetricsLogger:
         strict: bool | None = None,
         max_queue_size: int | None = None,
         max_workers: int | None = None,
+        destination: Destination | None = None,
         **flat: Unpack[FlatSettings],
     ) -> None:
         unknown = sorted(flat.keys() - FLAT_KEYWORDS.keys())
@@ -199,9 +227,12 @@ class MetricsLogger:
         if prefix and not lp.valid_measurement(prefix):
             raise ConfigurationError(f"prefix {prefix!r} is not a valid measurement name prefix")
         buffer = seed_buffer_arguments(buffer, max_queue_size, max_workers)
-        self.settings = influxdb_config(
-            **self.connection.arguments(), verify_tls=self.tls.verify, strict=strict, enabled=enabled
-        )
+        if destination is None:
+            self.settings = influxdb_config(
+                **self.connection.arguments(), verify_tls=self.tls.verify, strict=strict, enabled=enabled
+            )
+        else:
+            self.settings = _destination_settings(destination, self.connection, self.tls, enabled)
         self.enabled = self.settings.enabled
         self.database = self.settings.database
         self.api_version = self.settings.api_version
@@ -212,15 +243,19 @@ class MetricsLogger:
             if enabled:
                 warn.once("influxdb:disabled", "MetricsLogger is off: %s", self.settings.disabled_reason)
             return
-        transport = HttpTransport(
-            self.settings.write_url or "",
-            dict(self.settings.headers),
-            verify_tls=self.settings.verify_tls,
-            ca_certs=self.tls.ca_certs,
-            connect_timeout=self.timeouts.connect,
-            read_timeout=self.timeouts.read,
-            compress=compress,
-        )
+        transport: Transport
+        if destination is not None:
+            transport = destination.open("influxdb", self.settings.headers, compress)
+        else:
+            transport = HttpTransport(
+                self.settings.write_url or "",
+                dict(self.settings.headers),
+                verify_tls=self.settings.verify_tls,
+                ca_certs=self.tls.ca_certs,
+                connect_timeout=self.timeouts.connect,
+                read_timeout=self.timeouts.read,
+                compress=compress,
+            )
         self._sink = InfluxSink(
             transport, self.standard_tags, max_string_bytes, system_metrics_interval, self_metrics_interval
         )

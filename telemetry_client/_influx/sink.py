@@ -14,7 +14,7 @@ from typing import Any
 
 from telemetry_client._engine.self_log import warn
 from telemetry_client._engine.shipping import Channel, Item, Verdict
-from telemetry_client._engine.transport import HttpTransport, Response
+from telemetry_client._engine.transport import Response, Transport
 from telemetry_client._influx import line_protocol as lp
 from telemetry_client._influx.fields import DEFAULT_MAX_STRING_BYTES, FieldEncoder
 from telemetry_client._influx.gpu_metrics import GpuSampler
@@ -80,7 +80,7 @@ class InfluxSink:
 
     def __init__(
         self,
-        transport: HttpTransport,
+        transport: Transport,
         standard_tags: dict[str, str],
         max_string_bytes: int,
         system_interval: float,

@@ -14,6 +14,7 @@ module configures nothing and reads no environment variable.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import logging
 import socket
 import urllib.parse
@@ -24,7 +25,7 @@ from telemetry_client._engine.disabled import Counter, disabled_stats
 from telemetry_client._engine.self_log import warn
 from telemetry_client._engine.settings import TLS, Timeouts, combine
 from telemetry_client._engine.shipping import BufferSettings, Channel
-from telemetry_client._engine.transport import HttpTransport
+from telemetry_client._engine.transport import Destination, HttpTransport, Transport
 from telemetry_client._loki.console import console_handler, default_filters
 from telemetry_client._loki.context import current_context
 from telemetry_client._loki.limits import DEFAULT_MAX_LINE_BYTES, check_max_line_bytes, validate_labels
@@ -98,11 +99,14 @@ class LokiHandler(logging.Handler):
     a MetricsLogger takes) or as the flat `verify_tls`, `ca_certs`,
     `connect_timeout`, `read_timeout`; one setting given both ways is a
     `ConfigurationError`.
+
+    `destination` replaces the server for a node's own tests (see
+    `telemetry_client.testing`); `url` is then left out.
     """
 
     def __init__(
         self,
-        url: str,
+        url: str | None = None,
         tags: Mapping[str, Any] | None = None,
         auth: tuple[str, str] | None = None,
         version: str | None = "1",
@@ -122,7 +126,12 @@ class LokiHandler(logging.Handler):
         close_timeout: float = 5.0,
         tls: TLS | None = None,
         timeouts: Timeouts | None = None,
+        destination: Destination | None = None,
     ) -> None:
+        if url is None and destination is None:
+            raise ConfigurationError("LokiHandler needs the Loki url")
+        if url is not None and destination is not None:
+            raise ConfigurationError("LokiHandler: give url= or destination=, not both")
         if version is not None and str(version) != "1":
             raise ConfigurationError(
                 f"Loki push API version {version!r} is not supported: "
@@ -137,7 +146,7 @@ class LokiHandler(logging.Handler):
         self.tls = combine(TLS, tls, "tls", flat, TLS_KEYWORDS, "LokiHandler")
         self.timeouts = combine(Timeouts, timeouts, "timeouts", flat, TIMEOUT_KEYWORDS, "LokiHandler")
         labels = validate_labels(tags or {})
-        url, url_auth = split_url_credentials(push_url(url))
+        url, url_auth = split_url_credentials(push_url(url)) if destination is None else (destination.url, None)
         auth = auth or url_auth
         request_headers = {"Content-Type": "application/json"}
         if auth is not None:
@@ -163,15 +172,19 @@ class LokiHandler(logging.Handler):
         self.url = url
         self.labels = labels
         self.close_timeout = close_timeout
-        transport = HttpTransport(
-            url,
-            request_headers,
-            verify_tls=self.tls.verify is not False,
-            ca_certs=self.tls.ca_certs,
-            connect_timeout=self.timeouts.connect,
-            read_timeout=self.timeouts.read,
-            compress=compress,
-        )
+        transport: Transport
+        if destination is not None:
+            transport = destination.open("loki", request_headers, compress)
+        else:
+            transport = HttpTransport(
+                url,
+                request_headers,
+                verify_tls=self.tls.verify is not False,
+                ca_certs=self.tls.ca_certs,
+                connect_timeout=self.timeouts.connect,
+                read_timeout=self.timeouts.read,
+                compress=compress,
+            )
         self._sink = LokiSink(transport, labels, check_max_line_bytes(max_line_bytes), structured_metadata)
         self._channel = Channel(self._sink, buffer)
         self._submit = self._channel.submit
@@ -384,6 +397,21 @@ def _remove_previous(logger: logging.Logger, timeout: float) -> None:
                 handler.close()
 
 
+def _destination_settings(
+    destination: Destination, environment: str | None, enabled: bool, **connection: str | None
+) -> LokiConfig:
+    """The settings of a node logger that sends to `destination`: only the `environment` label is resolved."""
+    given = [f"{name}=" for name, value in connection.items() if value is not None]
+    if given:
+        raise ConfigurationError(
+            f"setup_loki_logger: destination= replaces Loki, so {', '.join(given)} cannot be given with it"
+        )
+    labels_only = loki_config(environment=environment, enabled=False)
+    if not enabled:
+        return labels_only
+    return dataclasses.replace(labels_only, enabled=True, disabled_reason=None, url=destination.url)
+
+
 def setup_loki_logger(
     service: str,
     uid: str | int | None = None,
@@ -413,6 +441,7 @@ def setup_loki_logger(
     close_timeout: float = 5.0,
     tls: TLS | None = None,
     timeouts: Timeouts | None = None,
+    destination: Destination | None = None,
 ) -> LokiLogger:
     """Configure logger `logger_name` (default: `service`) to ship to Loki and print to the console.
 
@@ -430,20 +459,34 @@ def setup_loki_logger(
     it again for the same logger replaces (and closes) the handlers the previous
     call installed. `filters` default to dropping the subtensor "Verify your local
     subtensor" warning; pass [] for none. `tls` and `timeouts` are the handler's
-    (`LokiHandler`), flat or grouped.
+    (`LokiHandler`), flat or grouped. `destination` replaces Loki in a node's own
+    tests (see `telemetry_client.testing`): no LOKI_* variable is read, and a URL
+    or credentials given with it are a `ConfigurationError`.
     """
     if not service:
         raise ConfigurationError("service is required (e.g. 'miner')")
-    settings = loki_config(
-        url=url,
-        username=username,
-        password=password,
-        bearer_token=bearer_token,
-        tenant_id=tenant_id,
-        environment=environment,
-        strict=strict,
-        enabled=enabled,
-    )
+    if destination is None:
+        settings = loki_config(
+            url=url,
+            username=username,
+            password=password,
+            bearer_token=bearer_token,
+            tenant_id=tenant_id,
+            environment=environment,
+            strict=strict,
+            enabled=enabled,
+        )
+    else:
+        settings = _destination_settings(
+            destination,
+            environment,
+            enabled,
+            url=url,
+            username=username,
+            password=password,
+            bearer_token=bearer_token,
+            tenant_id=tenant_id,
+        )
     fixed = {
         "service": service,
         "environment": settings.environment,
@@ -464,7 +507,7 @@ def setup_loki_logger(
     disabled: DisabledHandler | None = None
     if settings.enabled:
         loki_handler = LokiHandler(
-            settings.url or "",
+            None if destination is not None else settings.url or "",
             stream_labels,
             settings.basic_auth,
             bearer_token=settings.bearer_token,
@@ -473,6 +516,7 @@ def setup_loki_logger(
             ca_certs=ca_certs,
             tls=tls,
             timeouts=timeouts,
+            destination=destination,
             buffer=buffer,
             max_line_bytes=max_line_bytes,
             structured_metadata=structured_metadata,

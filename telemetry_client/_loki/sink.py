@@ -20,7 +20,7 @@ from typing import Any
 
 from telemetry_client._engine.self_log import warn
 from telemetry_client._engine.shipping import Item, Verdict
-from telemetry_client._engine.transport import HttpTransport, Response
+from telemetry_client._engine.transport import Response, Transport
 from telemetry_client._loki.limits import (
     LEVEL_LABEL,
     LEVEL_VALUES,
@@ -171,7 +171,7 @@ class LokiSink:
 
     def __init__(
         self,
-        transport: HttpTransport,
+        transport: Transport,
         labels: Mapping[str, str],
         max_line_bytes: int,
         structured_metadata: bool = False,
