@@ -49,6 +49,8 @@ from telemetry_client.doctor_server import (
 )
 from telemetry_client.doctor_stack import StackSettings, stack_checks
 
+pytestmark = pytest.mark.slow
+
 # ---- servers ---------------------------------------------------------------------------
 
 NODE = ("node", "node-password-1")

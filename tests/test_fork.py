@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from telemetry_client.metrics import MetricsLogger
 from telemetry_client.shipping import BufferSettings
+
+pytestmark = pytest.mark.slow
 
 
 def test_child_delivers_and_nothing_is_sent_twice(influx_db):

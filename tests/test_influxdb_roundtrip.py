@@ -13,6 +13,8 @@ from telemetry_client import line_protocol as lp
 from telemetry_client.metrics import MetricsLogger
 from telemetry_client.shipping import BufferSettings
 
+pytestmark = pytest.mark.slow
+
 FAST = BufferSettings(flush_interval=0.05, retry_base=0.05, retry_cap=0.2)
 
 # Mostly characters that line protocol escapes, some unicode, and now and then one

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from influxdb_client import Point
@@ -22,6 +23,7 @@ tricky_text = st.text(
 numbers = st.floats(allow_nan=True, allow_infinity=True) | st.integers(-(2**60), 2**60)
 
 
+@pytest.mark.slow
 @settings(max_examples=600, deadline=None)
 @given(
     measurement=tricky_text,
@@ -69,6 +71,7 @@ def test_format_float_matches_point_rules():
     assert lp.format_field('say "hi" \\o/') == '"say \\"hi\\" \\\\o/"'
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(
     points=st.lists(

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from telemetry_client.metrics import MetricsLogger
 from telemetry_client.shipping import BufferSettings
+
+pytestmark = pytest.mark.slow
 
 
 def _wait_for_samples(server, match: str, expected: dict[str, int], timeout: float = 30.0) -> dict[str, dict]:
