@@ -12,8 +12,9 @@ In-process receivers (tests/loki_receiver.py, tests/fault_server.py, tests/grafa
 are fast. Mark a module whose tests are mostly slow with `pytestmark = pytest.mark.slow` right
 after its imports, and a slow test in an otherwise fast module with `@pytest.mark.slow`.
 
-The first two parts of the rule are enforced so that the fast tier stays fast: a test not
-marked slow fails when it asks for a real-server fixture or starts a process.
+The first two parts of the rule are enforced so that the fast tier cannot grow slow unnoticed:
+a test not marked slow fails when it asks for a real-server fixture, or when it or a fixture it
+sets up starts a process (subprocess.Popen, os.fork).
 """
 
 from __future__ import annotations
