@@ -7,7 +7,8 @@ Two tiers: `make check` runs `pytest -m "not slow"` while editing, `make test` r
 The rule for the `slow` marker: a test that starts a server or a process (influxd,
 victoria-metrics, caddy, ansible-playbook, docker-compose, a Python child, wandb's service,
 os.fork), uses the real servers (the `influx_server`, `influx_db` and `victoria_server`
-fixtures), or runs longer than about a second (`pytest --durations=20` shows it) is slow.
+fixtures), or waits or computes for seconds by design (a Retry-After, an outage, a long
+property test; `pytest --durations=20` shows them) is slow.
 In-process receivers (tests/loki_receiver.py, tests/fault_server.py, tests/grafana_receiver.py)
 are fast. Mark a module whose tests are mostly slow with `pytestmark = pytest.mark.slow` right
 after its imports, and a slow test in an otherwise fast module with `@pytest.mark.slow`.
