@@ -1,4 +1,4 @@
-.PHONY: setup test lint bench simulate doctor up down logs ps clean backup restore node-add node-revoke node-rotate node-credentials
+.PHONY: setup check test lint bench simulate doctor up down logs ps clean backup restore node-add node-revoke node-rotate node-credentials
 
 PYTHON ?= python3
 
@@ -12,13 +12,22 @@ setup:
 		echo "Install Debian's influxdb, victoria-metrics, docker-compose and caddy packages to run every test."; \
 	fi
 
+# While editing: the linters that take seconds, then the fast tier (tests not marked
+# slow, see tests/conftest.py), and the wall time it took. ansible-lint costs about a
+# minute and a half of CPU: `make lint` and `make test` (tests/test_ansible.py) run it.
+check:
+	@start=$$(date +%s); \
+	  $(QUICK_LINT) && $(PYTHON) -m pytest -m "not slow" -q; status=$$?; \
+	  echo "make check: $$(( $$(date +%s) - start )) s wall"; exit $$status
+
+# Before a merge: the whole suite.
 test:
 	$(PYTHON) -m pytest
 
+QUICK_LINT = ruff check . && ruff format --check . && yamllint .
+
 lint:
-	ruff check .
-	ruff format --check .
-	yamllint .
+	$(QUICK_LINT)
 	ansible-lint
 
 bench:

@@ -96,7 +96,8 @@ def fault_server(port: int = 0, tls: ssl.SSLContext | None = None) -> Iterator[F
         server.socket = tls.wrap_socket(server.socket, server_side=True)
         state.scheme = "https"
     state.port = server.server_address[1]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # A short poll interval: shutdown() waits for it, and the default 0.5 s would end every test late.
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
     thread.start()
     try:
         yield state

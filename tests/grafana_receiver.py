@@ -141,7 +141,8 @@ class GrafanaReceiver:
         server.daemon_threads = True
         server.receiver = self  # type: ignore[attr-defined]
         self._server = server
-        threading.Thread(target=server.serve_forever, name="grafana-receiver", daemon=True).start()
+        # shutdown() waits for the poll interval: the default 0.5 s would end every test late.
+        threading.Thread(target=server.serve_forever, args=(0.02,), name="grafana-receiver", daemon=True).start()
         return self
 
     def __exit__(self, *exc: object) -> None:

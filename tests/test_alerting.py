@@ -258,6 +258,7 @@ def run_entrypoint(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[st
     return subprocess.run(["sh", str(ENTRYPOINT)], env={**base, **env}, capture_output=True, text=True, check=False)
 
 
+@pytest.mark.slow
 @SETS
 def test_the_entrypoint_renders_exactly_what_the_python_renderer_does(tmp_path: Path, backend: str) -> None:
     hook = tmp_path / "alerting_webhook_url"
@@ -285,6 +286,7 @@ def test_the_entrypoint_renders_exactly_what_the_python_renderer_does(tmp_path: 
     assert (tmp_path / "provisioning" / "datasources" / "datasources.yml").is_file()
 
 
+@pytest.mark.slow
 def test_the_entrypoint_without_contact_points_provisions_the_rules_only(tmp_path: Path) -> None:
     empty = tmp_path / "alerting_webhook_url"
     empty.write_text("")
@@ -293,6 +295,7 @@ def test_the_entrypoint_without_contact_points_provisions_the_rules_only(tmp_pat
     assert sorted(p.name for p in (tmp_path / "provisioning" / "alerting").iterdir()) == ["rules.yaml"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "value"),
     [("ALERT_LOSS_WINDOW_SECONDS", "5m"), ("ALERT_GPU_MEMORY_PERCENT", "9x"), ("ALERT_NODE_SILENT_STEPS", "0"),

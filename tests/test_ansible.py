@@ -41,6 +41,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 ROLES_DIR = REPO / "ansible" / "roles"
 ROLES = ["docker", "firewall", "influxdb", "loki", "victoriametrics", "grafana", "reverse_proxy"]

@@ -16,6 +16,8 @@ from servers import InfluxV1
 from simulator.backfill import NETWORK, VERSIONS, FleetShape, backfill, node_points
 from telemetry_client.metrics import MetricsLogger
 
+pytestmark = pytest.mark.slow
+
 SHAPE = FleetShape(miners=3, validators=1, aggregators=1, evaluators=1, gpus_per_node=2, hours=0.2)
 
 

@@ -24,6 +24,8 @@ from typing import ClassVar
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / "compose" / "backup" / "telemetry_backup.py"
 

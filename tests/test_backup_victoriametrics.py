@@ -17,7 +17,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from servers import _running, free_port, require_binary
+
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / "compose" / "backup" / "telemetry_backup.py"

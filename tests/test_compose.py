@@ -26,6 +26,8 @@ import pytest
 import yaml
 from servers import free_port, require_binary
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "compose"
 COMPOSE_FILE = COMPOSE / "docker-compose.yml"

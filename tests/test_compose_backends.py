@@ -48,6 +48,8 @@ from test_compose import (
 from telemetry_client import BufferSettings
 from telemetry_client.metrics import MetricsLogger
 
+pytestmark = pytest.mark.slow
+
 GRAFANA = ROOT / "grafana"
 # What each backend runs; the common file adds Loki, its volume step and Grafana.
 COMMON = {"loki-volume-init", "loki", "grafana"}

@@ -22,6 +22,8 @@ from simulator import values
 from telemetry_client.catalog import CATALOG, DROP_REASONS, QUERYABLE
 from telemetry_client.metrics import MetricsLogger
 
+pytestmark = pytest.mark.slow
+
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 RANGE = dash.TimeRange(NOW - timedelta(minutes=30), NOW)
 INTERVAL = timedelta(seconds=30)

@@ -24,6 +24,8 @@ from simulator.victoria import PromQL, result_counts
 from telemetry_client import cardinality as card
 from telemetry_client.catalog import QUERYABLE
 
+pytestmark = pytest.mark.slow
+
 SERIES_BUDGET = 50  # what one panel query may return with every variable at its default
 SHAPE = FleetShape(miners=256, validators=16, aggregators=1, evaluators=1, gpus_per_node=4, hours=0.05)
 FLEET = card.Fleet(miners=256, validators=16, gpus_per_node=4, tasks=4, sinks=2)

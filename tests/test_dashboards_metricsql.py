@@ -284,6 +284,7 @@ def variable_values(server: VictoriaMetrics, query: dash.Query, values: dict) ->
     return PromQL(server.url, timeout=120).variable(*call, RANGE)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("query", [q for q in VM_QUERIES if q.source == "panel"], ids=lambda q: q.where)
 def test_every_metricsql_panel_query_returns_data_within_budget(victoria: VictoriaMetrics, query: dash.Query) -> None:
     values = live_values(query)
@@ -294,6 +295,7 @@ def test_every_metricsql_panel_query_returns_data_within_budget(victoria: Victor
     assert len(series) <= SERIES_BUDGET, f"{query.where}: {len(series)} series"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("query", [q for q in VM_QUERIES if VIEW.search(q.text)], ids=lambda q: q.where)
 def test_a_view_target_is_silent_when_its_twin_answers(victoria: VictoriaMetrics, query: dash.Query) -> None:
     """The fleet target is empty with nodes chosen, the per-node one with "All"; answers() agrees."""
@@ -306,6 +308,7 @@ def test_a_view_target_is_silent_when_its_twin_answers(victoria: VictoriaMetrics
     assert run_vm(victoria, query, RANGE, flipped) == [], query.where
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("query", [q for q in VM_QUERIES if "$network" in q.text], ids=lambda q: q.where)
 def test_metricsql_query_follows_the_network_variable(victoria: VictoriaMetrics, query: dash.Query) -> None:
     values = live_values(query)
@@ -317,6 +320,7 @@ def test_metricsql_query_follows_the_network_variable(victoria: VictoriaMetrics,
     assert run_vm(victoria, query, RANGE, values | {"network": ["nowhere"]}) == [], query.where
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("query", [q for q in VM_QUERIES if q.source == "variable"], ids=lambda q: q.where)
 def test_every_variable_lists_values(victoria: VictoriaMetrics, query: dash.Query) -> None:
     assert variable_values(victoria, query, dash.all_selected(VM_BY_UID[query.dashboard_uid])), query.where
@@ -326,6 +330,7 @@ def _variable(dashboard_uid: str, name: str) -> dash.Query:
     return next(q for q in dash.variable_queries(VM_BY_UID[dashboard_uid]) if q.name == name)
 
 
+@pytest.mark.slow
 def test_variables_chain_network_role_uid(victoria: VictoriaMetrics) -> None:
     everything = dash.all_selected(VM_BY_UID["telemetry-network"])
     assert set(variable_values(victoria, _variable("telemetry-network", "network"), everything)) == {
@@ -376,6 +381,7 @@ def _vm_series(series: list[dict], interval: timedelta, label: str) -> dict:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("interval_s", [10, 30])
 def test_fleet_cpu_is_the_same_distribution_on_both_servers(
     victoria: VictoriaMetrics, influx_twin: tuple[InfluxV1, str], interval_s: int
@@ -397,6 +403,7 @@ def test_fleet_cpu_is_the_same_distribution_on_both_servers(
             assert ours[(stat,)][t] == pytest.approx(theirs[(stat,)][t]), (stat, t)
 
 
+@pytest.mark.slow
 def test_counter_rate_is_the_same_on_both_servers(victoria: VictoriaMetrics, influx_twin: tuple[InfluxV1, str]) -> None:
     """Records sent per second, per sink: 49 per 10 s per process, summed, on either server."""
     server, database = influx_twin
@@ -416,6 +423,7 @@ def test_counter_rate_is_the_same_on_both_servers(victoria: VictoriaMetrics, inf
             assert mine[t] == pytest.approx(points[t]) == pytest.approx(4.9 * len(NODES), rel=0.05)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("dashboard_uid", "title"),
     [
@@ -492,6 +500,7 @@ def _samples(field: str, start_s: float = 0, end_s: float = math.inf) -> list[tu
     return [(p[4], p[3][field]) for p in _restart_points() if p[0] == RESTARTED and start_s <= p[4] < end_s]
 
 
+@pytest.mark.slow
 def test_slowest_miners_mean_weighs_every_sample_of_a_restarted_miner(
     restarted: tuple[VictoriaMetrics, InfluxV1, str],
 ) -> None:
@@ -514,6 +523,7 @@ def test_slowest_miners_mean_weighs_every_sample_of_a_restarted_miner(
     assert theirs == pytest.approx(ours)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("title", "field"), [("Tokens per second", "tokens_per_sec"), ("Learning rate", "learning_rate")]
 )

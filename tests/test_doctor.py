@@ -49,6 +49,8 @@ from telemetry_client._doctor.server import (
 )
 from telemetry_client._doctor.stack import StackSettings, stack_checks
 
+pytestmark = pytest.mark.slow
+
 # ---- servers ---------------------------------------------------------------------------
 
 NODE = ("node", "node-password-1")

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from grafana_receiver import GrafanaReceiver, LokiSource, PrometheusSource
 from loki_receiver import LokiReceiver
@@ -24,6 +25,8 @@ from test_doctor import _basic, _by_name, loki_ready
 
 from telemetry_client._doctor.report import Status
 from telemetry_client._doctor.stack import StackSettings, stack_checks
+
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "grafana"

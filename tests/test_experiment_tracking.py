@@ -23,6 +23,8 @@ import pytest
 
 from telemetry_client import experiment_tracking as et
 
+pytestmark = pytest.mark.slow
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LOGGER_NAME = "telemetry_client.experiment_tracking"
 # Any outbound HTTP from a test goes to a closed local port instead of the internet.

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from telemetry_client import BufferSettings
 from telemetry_client.metrics import MetricsLogger
+
+pytestmark = pytest.mark.slow
 
 
 def test_child_delivers_and_nothing_is_sent_twice(influx_db):

@@ -36,6 +36,7 @@ def _write_raw(server, database: str, body: bytes) -> None:
         assert response.status == 204
 
 
+@pytest.mark.slow
 def test_field_type_conflict_on_influxdb_1x(influx_db):
     server, database = influx_db
     # An integer field, as another client wrote it, in the same shard (field types are fixed per shard).
@@ -54,6 +55,7 @@ def test_field_type_conflict_on_influxdb_1x(influx_db):
     assert "field type conflict" in stats["last_error"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("note", ["one line", "two\nlines"], ids=["rebuilt-from-body", "kept-items"])
 def test_a_refusal_of_a_sealed_batch_counts_each_measurement_exactly(influx_db, note):
     """A sealed batch keeps only its gzip body; after a refusal its lines are read back from it.
@@ -94,6 +96,7 @@ def _sink() -> InfluxSink:
     return InfluxSink(HttpTransport("http://127.0.0.1:9/write", {}), {}, 1024, 10.0, None)
 
 
+@pytest.mark.slow
 def test_unparsable_lines_on_influxdb_1x(influx_db):
     """The encoder writes no line InfluxDB cannot parse, so the batch is posted as is and its answer read."""
     server, database = influx_db
@@ -110,6 +113,7 @@ def test_unparsable_lines_on_influxdb_1x(influx_db):
     )
 
 
+@pytest.mark.slow
 def test_a_batch_of_only_bad_lines_on_influxdb_1x(influx_db):
     server, database = influx_db
     lines = [f"m v=np.float64(0.25) {TS}"]
@@ -119,6 +123,7 @@ def test_a_batch_of_only_bad_lines_on_influxdb_1x(influx_db):
     assert (list(verdict.stored), dict(verdict.refused), list(verdict.resend)) == ([], {"rejected": 1}, [])
 
 
+@pytest.mark.slow
 def test_timestamps_influxdb_cannot_store_are_counted_invalid_before_sending(influx_db):
     server, database = influx_db
     logger = _v1_logger(server, database)

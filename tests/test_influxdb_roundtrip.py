@@ -13,6 +13,8 @@ from telemetry_client import BufferSettings
 from telemetry_client._influx import line_protocol as lp
 from telemetry_client.metrics import MetricsLogger
 
+pytestmark = pytest.mark.slow
+
 FAST = BufferSettings(flush_interval=0.05, retry_base=0.05, retry_cap=0.2)
 
 # Mostly characters that line protocol escapes, some unicode, and now and then one

@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 from servers import free_port
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 DEADLINE = 120  # seconds a child may take on a loaded machine; no test asserts timings
 

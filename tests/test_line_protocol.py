@@ -24,6 +24,7 @@ tricky_text = st.text(
 numbers = st.floats(allow_nan=True, allow_infinity=True) | st.integers(-(2**60), 2**60)
 
 
+@pytest.mark.slow
 @settings(max_examples=600, deadline=None)
 @given(
     measurement=tricky_text,
@@ -71,6 +72,7 @@ def test_format_float_matches_point_rules():
     assert lp.format_field('say "hi" \\o/') == '"say \\"hi\\" \\\\o/"'
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(
     points=st.lists(

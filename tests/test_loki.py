@@ -556,6 +556,7 @@ def test_constructor_matches_python_logging_loki(cleanup):
         LokiHandler("http://127.0.0.1:3100", version="0")
 
 
+@pytest.mark.slow
 def test_importing_configures_nothing_and_starts_no_thread():
     code = (
         "import logging, threading, telemetry_client.loki\n"

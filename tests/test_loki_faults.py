@@ -193,6 +193,7 @@ def test_close_gives_up_at_its_deadline_and_counts_what_is_left(receiver, handle
     assert handler.stats()["dropped_by_reason"] == {"shutdown": 25}
 
 
+@pytest.mark.slow
 def test_a_forked_child_ships_its_own_lines_and_never_its_parents(receiver, handlers):
     logger, handler = shipping_logger(receiver, handlers, flush_interval=30)  # the parent's lines stay buffered
     log_ids(logger, range(0, 100), text="parent")
@@ -233,6 +234,7 @@ def old_record(logger: logging.Logger, ident: str, seconds: float) -> logging.Lo
     return record
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("heavy_first", [True, False])
 def test_a_stream_over_its_rate_limit_is_never_lost_behind_another_stream(handlers, heavy_first):
     limits = Limits(per_stream_rate_bytes=40_000, per_stream_burst_bytes=20_000)

@@ -40,6 +40,8 @@ import pytest
 import yaml
 from servers import free_port, require_binary
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 OUTPUT_TAIL = 12000
 CLUSTER = {"metrics_prod": "10.0.0.20", "loki_b": "10.0.0.21", "loki_c": "10.0.0.22"}

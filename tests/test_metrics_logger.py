@@ -96,6 +96,7 @@ def test_disabled_mode_needs_no_credentials_and_only_counts():
     assert logger.flush(0) == 0 and logger.close(0) == 0
 
 
+@pytest.mark.slow
 def test_import_has_no_side_effects():
     code = (
         "import logging, threading, telemetry_client, telemetry_client.metrics;"

@@ -86,6 +86,7 @@ def test_torch_0d_tensors_when_torch_is_installed():
     assert (text, drops) == ("loss=0.25,ok=1,step=3", [])
 
 
+@pytest.mark.slow
 def test_numpy_timestamps_are_accepted(influx_db):
     server, database = influx_db
     logger = MetricsLogger(url=server.url, database=database, api_version=1, buffer=FAST, self_metrics_interval=None)
@@ -105,6 +106,7 @@ def _numpy_values():
     )
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(values=st.lists(_numpy_values(), min_size=1, max_size=12))
 def test_numpy_values_round_trip_through_influxdb(influx_db, values):
@@ -134,6 +136,7 @@ def test_numpy_values_round_trip_through_influxdb(influx_db, values):
     assert dropped.get("non_finite", 0) == len(fields) - len(expected)
 
 
+@pytest.mark.slow
 def test_numpy_scalars_reach_victoria_metrics_by_the_v2_path(victoria_server):
     logger = MetricsLogger(
         url=victoria_server.url,

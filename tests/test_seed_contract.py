@@ -24,6 +24,8 @@ from loki_receiver import LokiReceiver
 
 from telemetry_client import MetricsLogger, initialize_wandb, log_with_context, setup_loki_logger
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).parent.parent
 
 

@@ -48,6 +48,7 @@ def test_5xx_and_429_are_retried_and_nothing_is_lost():
         logger.close(1)
 
 
+@pytest.mark.slow
 def test_retry_after_is_honoured_over_the_backoff():
     with fault_server() as server:
         server.then(Reply(503, retry_after="2"))
@@ -122,6 +123,7 @@ def test_outage_that_overflows_drops_the_oldest_and_counts_them():
     logger.close(1)
 
 
+@pytest.mark.slow
 def test_an_outage_holds_sealed_batches_compressed_only():
     """A sealed batch keeps only its gzip body, so the same max_bytes keeps many more points through an outage.
 

@@ -30,6 +30,8 @@ from simulator import alerting as al
 from simulator import faults as ft
 from simulator.cli import main
 
+pytestmark = pytest.mark.slow
+
 RUN = ["--duration", "10", "--ramp", "0.5", "--window-seconds", "1", "--min-interval", "1", "--settle", "3"]
 RUN += ["--self-metrics-interval", "0.5", "--system-interval", "0.5", "--processes", "0", "--quiet"]
 # uids: validators 0-1, aggregator 2, evaluator 3, miners 4-9.

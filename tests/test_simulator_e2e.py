@@ -27,6 +27,8 @@ from simulator import validate as vd
 from simulator.cli import main
 from telemetry_client.catalog import CATALOG
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 ENV_NAMES = (
     "INFLUXDB_URL",

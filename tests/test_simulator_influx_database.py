@@ -12,6 +12,8 @@ from servers import InfluxV1, influxdb_v1
 from simulator import report as rp
 from simulator.cli import main
 
+pytestmark = pytest.mark.slow
+
 QUICK = ["--duration", "1", "--ramp", "0", "--window-seconds", "1", "--processes", "0", "--miners", "1"]
 QUICK += ["--points-per-sec", "50", "--no-validate", "--quiet", "--self-metrics-interval", "0.5"]
 

@@ -30,6 +30,8 @@ from telemetry_client import BufferSettings
 from telemetry_client.catalog import CATALOG
 from telemetry_client.metrics import MetricsLogger
 
+pytestmark = pytest.mark.slow
+
 QUICK = ["--duration", "3", "--ramp", "0.5", "--window-seconds", "1", "--min-interval", "1"]
 QUICK += ["--self-metrics-interval", "0.5", "--system-interval", "0.5", "--settle", "10", "--quiet"]
 FLEET = ["--processes", "0", "--miners", "4", "--validators", "2", "--points-per-sec", "600"]

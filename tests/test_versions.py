@@ -157,6 +157,7 @@ def _resolve_role_images(repo_root: Path, tmp_path: Path) -> dict[str, str]:
     return json.loads((tmp_path / "images.json").read_text())
 
 
+@pytest.mark.slow
 def test_roles_resolve_the_same_images_as_compose(tmp_path: Path) -> None:
     pinned = versions()
     resolved = _resolve_role_images(ROOT, tmp_path)

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from telemetry_client import BufferSettings
 from telemetry_client.metrics import MetricsLogger
+
+pytestmark = pytest.mark.slow
 
 
 def _wait_for_samples(server, match: str, expected: dict[str, int], timeout: float = 30.0) -> dict[str, dict]:

@@ -32,6 +32,8 @@ from servers import free_port, require_binary, victoria_metrics
 from telemetry_client import BufferSettings
 from telemetry_client.metrics import MetricsLogger
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 ROLE = REPO / "ansible" / "roles" / "victoriametrics"
 OUTPUT_TAIL = 12000
