@@ -87,6 +87,7 @@ def test_dashboard_provider_path_is_where_compose_mounts_the_dashboards() -> Non
 # ---------------------------------------------------------------- the grafana package
 
 
+@pytest.mark.slow  # runs both builds as processes
 def test_grafana_is_a_package_whose_builds_run_as_modules() -> None:
     """`python -m grafana.build_dashboards` and `grafana.build_alerting` import their package, no sys.path edits."""
     for module in ("grafana.build_dashboards", "grafana.build_alerting"):
