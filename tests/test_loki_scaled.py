@@ -222,7 +222,7 @@ def test_grafana_on_a_host_without_the_proxy_is_refused_before_any_change(scaled
 
 def _for_caddy_2_6(text: str) -> str:
     # Debian's Caddy 2.6 still spells the directive "basicauth" (renamed in 2.8).
-    return text.replace("basic_auth {", "basicauth {")
+    return text.replace("basic_auth ", "basicauth ")
 
 
 def _caddy_env(tmp: Path) -> dict[str, str]:
