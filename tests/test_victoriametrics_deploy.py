@@ -337,7 +337,9 @@ def test_node_writes_reach_victoriametrics_through_caddy_and_a_revoked_node_gets
     with victoria_metrics() as server:
         upstream = server.url.removeprefix("http://")
         proxy = MetricsProxy(tmp_path, [upstream])
-        proxy.converge(["miner-01", "validator-01"])
+        # The uids the nodes write below are the ones the inventory gives them (the proxy sets them).
+        identities = {"miner-01": {"uid": "m1", "role": "miner"}, "validator-01": {"uid": "v1", "role": "validator"}}
+        proxy.converge(["miner-01", "validator-01"], telemetry_node_identities=identities)
         caddyfile = proxy.caddyfile.read_text()
         assert proxy.caddyfile.stat().st_mode & 0o777 == 0o600
         for node in ("miner-01", "validator-01"):
@@ -375,7 +377,7 @@ def test_node_writes_reach_victoriametrics_through_caddy_and_a_revoked_node_gets
 
             # Revoke miner-01: one run rewrites the Caddyfile and deletes its password;
             # the handler's reload applies it.
-            proxy.converge(["validator-01"])
+            proxy.converge(["validator-01"], telemetry_node_identities=identities)
             assert not (proxy.dir / "secrets" / "nodes" / "miner-01.metrics-password").exists()
             proxy.reload()
             assert proxy.request("POST", write, {"Authorization": "Token " + miner}, line)[0] == 401
@@ -387,7 +389,8 @@ def test_node_writes_reach_victoriametrics_through_caddy_and_a_revoked_node_gets
             with _logger(proxy, validator, "v1") as logger:
                 logger.log("training_step", fields={"loss": 2.5})
                 assert logger.flush(30) == 0
-            assert _samples(server, "training_step_loss", "v1", 1) == [2.5]
+            # With the raw line above that said uid=x: stored under the validator's own uid.
+            assert _samples(server, "training_step_loss", "v1", 2) == [1, 2.5]
             server.flush()
             assert server.export('training_step_loss{uid="m2"}') == []
         finally:
