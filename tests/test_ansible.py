@@ -973,6 +973,7 @@ class ProxySite:
             "reverse_proxy_listen_http_port": self.http_port,
             "reverse_proxy_listen_https_port": self.https_port,
             "reverse_proxy_basic_auth_directive": "basicauth",
+            "reverse_proxy_log_mount": str(self.tmp / "logs"),
         }
         extra_vars = self.tmp / "proxy-vars.json"
         extra_vars.write_text(json.dumps(variables))
