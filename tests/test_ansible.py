@@ -232,7 +232,7 @@ def test_site_renders_and_is_idempotent(name, tmp_path, test_secrets):
     nodes = yaml.safe_load((REPO / "inventory" / name / "group_vars" / "all" / "nodes.yml").read_text())
     caddyfile = (base / "reverse_proxy" / "conf" / "Caddyfile").read_text()
     for node in nodes["telemetry_nodes"]:
-        assert re.search(rf"(?m)^\t\t\t{re.escape(node)} \$2b\$12\$", caddyfile), node
+        assert re.search(rf'(?m)^\t\t"Basic [A-Za-z0-9+/=]+" {re.escape(node)} ', caddyfile), node
         password = base / "reverse_proxy" / "secrets" / "nodes" / f"{node}.loki-password"
         assert password.stat().st_mode & 0o777 == 0o600
     values = json.loads(test_secrets.read_text())
@@ -378,7 +378,7 @@ def test_site_check_reports_what_a_new_node_would_get(tmp_path, test_secrets, ba
     for kind in kinds:
         assert (nodes_dir / f"miner-99.{kind}-password").stat().st_mode & 0o777 == 0o600
     caddy_config = "".join(path.read_text() for path in conf.rglob("*") if path.is_file())
-    users = re.findall(r"(?m)^\t+miner-99 \$2b\$12\$", caddy_config)
+    users = re.findall(r'(?m)^\t+"(?:Basic|Token) [A-Za-z0-9+/=]+" miner-99 ', caddy_config)
     assert len(users) == len(kinds), caddy_config
 
 
@@ -975,6 +975,7 @@ class ProxySite:
             "reverse_proxy_listen_http_port": self.http_port,
             "reverse_proxy_listen_https_port": self.https_port,
             "reverse_proxy_basic_auth_directive": "basicauth",
+            "reverse_proxy_log_mount": str(self.tmp / "logs"),
         }
         extra_vars = self.tmp / "proxy-vars.json"
         extra_vars.write_text(json.dumps(variables))

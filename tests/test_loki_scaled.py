@@ -222,9 +222,10 @@ def test_grafana_on_a_host_without_the_proxy_is_refused_before_any_change(scaled
     assert not (tmp_path / "root").exists()
 
 
-def _for_caddy_2_6(text: str) -> str:
-    # Debian's Caddy 2.6 still spells the directive "basicauth" (renamed in 2.8).
-    return text.replace("basic_auth {", "basicauth {")
+def _for_caddy_2_6(text: str, tmp: Path) -> str:
+    # Debian's Caddy 2.6 still spells the directive "basicauth" (renamed in 2.8); the access
+    # logs go to the scratch directory, not to this machine's /var/log.
+    return text.replace("basic_auth ", "basicauth ").replace("/var/log/caddy/", f"{tmp}/")
 
 
 def _caddy_env(tmp: Path) -> dict[str, str]:
@@ -235,7 +236,7 @@ def test_caddy_adapts_the_balancing_configuration(rendered, tmp_path):
     caddy = require_binary("caddy")
     caddyfile = tmp_path / "Caddyfile"
     # The certificate lines stay out: tls_mode acme needs no file.
-    caddyfile.write_text(_for_caddy_2_6(_caddyfile(rendered)))
+    caddyfile.write_text(_for_caddy_2_6(_caddyfile(rendered), tmp_path))
     result = subprocess.run(
         [caddy, "adapt", "--adapter", "caddyfile", "--config", str(caddyfile)],
         capture_output=True,
@@ -356,7 +357,7 @@ def _serving(site: str, stubs: list[StubLoki], tmp_path: Path):
     site = "\n".join(line for line in site.splitlines() if not line.strip().startswith("tls "))
     port = free_port()
     caddyfile = tmp_path / "Caddyfile"
-    caddyfile.write_text(_for_caddy_2_6(f"{{\n\tadmin off\n}}\n\nhttp://127.0.0.1:{port} {{\n{site}\n}}\n"))
+    caddyfile.write_text(_for_caddy_2_6(f"{{\n\tadmin off\n}}\n\nhttp://127.0.0.1:{port} {{\n{site}\n}}\n", tmp_path))
     log = (tmp_path / "caddy.log").open("w")
     process = subprocess.Popen(
         [caddy, "run", "--adapter", "caddyfile", "--config", str(caddyfile)],

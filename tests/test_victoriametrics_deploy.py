@@ -149,6 +149,7 @@ def test_a_changed_replication_factor_recreates_vminsert_and_vmselect_only(tmp_p
 # rendered one, and Caddy 2.6 still calls the directive "basicauth".
 
 METRICS_DOMAIN = "localhost"
+LOGS_DOMAIN = "logs.localhost"  # the Loki site, when a test renders it (reached by SNI on 127.0.0.1)
 
 
 def _certificate(tmp_path: Path) -> tuple[Path, Path]:
@@ -169,7 +170,7 @@ def _certificate(tmp_path: Path) -> tuple[Path, Path]:
                 "-subj",
                 f"/CN={METRICS_DOMAIN}",
                 "-addext",
-                f"subjectAltName=DNS:{METRICS_DOMAIN}",
+                f"subjectAltName=DNS:{METRICS_DOMAIN},DNS:{LOGS_DOMAIN}",
                 "-keyout",
                 str(key),
                 "-out",
@@ -188,13 +189,14 @@ class MetricsProxy:
         self.root = tmp_path / "root"
         self.dir = self.root / "opt" / "telemetry" / "reverse_proxy"
         self.conf = self.dir / "conf"
+        self.logs = self.dir / "logs"
         self.https_port, self.http_port, self.admin_port = free_port(), free_port(), free_port()
         self.upstreams = upstreams
         self.mode = mode
         self.cert, self.key = _certificate(tmp_path)
         self.server: subprocess.Popen | None = None
 
-    def converge(self, nodes: list[str]) -> None:
+    def converge(self, nodes: list[str], **extra_variables) -> None:
         playbook = self.tmp / "proxy.yml"
         playbook.write_text(
             "- name: Render the reverse proxy\n  hosts: localhost\n  gather_facts: false\n"
@@ -217,6 +219,8 @@ class MetricsProxy:
             "reverse_proxy_listen_http_port": self.http_port,
             "reverse_proxy_listen_https_port": self.https_port,
             "reverse_proxy_basic_auth_directive": "basicauth",
+            "reverse_proxy_log_mount": str(self.logs),
+            **extra_variables,
         }
         extra = self.tmp / "proxy-vars.json"
         extra.write_text(json.dumps(variables))
@@ -335,16 +339,17 @@ def test_node_writes_reach_victoriametrics_through_caddy_and_a_revoked_node_gets
     with victoria_metrics() as server:
         upstream = server.url.removeprefix("http://")
         proxy = MetricsProxy(tmp_path, [upstream])
-        proxy.converge(["miner-01", "validator-01"])
+        # The uids the nodes write below are the ones the inventory gives them (the proxy sets them).
+        identities = {"miner-01": {"uid": "m1", "role": "miner"}, "validator-01": {"uid": "v1", "role": "validator"}}
+        proxy.converge(["miner-01", "validator-01"], telemetry_node_identities=identities)
         caddyfile = proxy.caddyfile.read_text()
         assert proxy.caddyfile.stat().st_mode & 0o777 == 0o600
         for node in ("miner-01", "validator-01"):
             secret = proxy.dir / "secrets" / "nodes" / f"{node}.metrics-password"
             assert secret.stat().st_mode & 0o777 == 0o600
-            # Only the bcrypt hash is in the Caddyfile, never the password or the token.
-            assert secret.read_text().strip() not in caddyfile
-            assert proxy.token(node) not in caddyfile
-            assert re.search(rf"(?m)^\t+{re.escape(node)} \$2b\$12\$", caddyfile), node
+            # The Caddyfile (0600) maps the node's exact Authorization header to its name: no bcrypt hash.
+            assert re.search(rf'(?m)^\t+"Token {re.escape(proxy.token(node))}" {re.escape(node)} ', caddyfile), node
+        assert "$2b$" not in caddyfile
         assert "/insert/" not in caddyfile  # the single node takes /api/v2/write as it is
         proxy.start()
         try:
@@ -374,7 +379,7 @@ def test_node_writes_reach_victoriametrics_through_caddy_and_a_revoked_node_gets
 
             # Revoke miner-01: one run rewrites the Caddyfile and deletes its password;
             # the handler's reload applies it.
-            proxy.converge(["validator-01"])
+            proxy.converge(["validator-01"], telemetry_node_identities=identities)
             assert not (proxy.dir / "secrets" / "nodes" / "miner-01.metrics-password").exists()
             proxy.reload()
             assert proxy.request("POST", write, {"Authorization": "Token " + miner}, line)[0] == 401
@@ -386,7 +391,8 @@ def test_node_writes_reach_victoriametrics_through_caddy_and_a_revoked_node_gets
             with _logger(proxy, validator, "v1") as logger:
                 logger.log("training_step", fields={"loss": 2.5})
                 assert logger.flush(30) == 0
-            assert _samples(server, "training_step_loss", "v1", 1) == [2.5]
+            # With the raw line above that said uid=x: stored under the validator's own uid.
+            assert _samples(server, "training_step_loss", "v1", 2) == [1, 2.5]
             server.flush()
             assert server.export('training_step_loss{uid="m2"}') == []
         finally:
@@ -512,17 +518,20 @@ def test_proxy_checks_tokens_and_balances_writes_over_every_vminsert(cluster_sit
     site = _metrics_site(cluster_site)
     upstreams = " ".join(f"{address}:8480" for address in CLUSTER.values())
     assert f"reverse_proxy {upstreams} {{" in site
-    # The cluster's InfluxDB endpoint is below /insert/<tenant>/influx (Cluster-VictoriaMetrics.md, "URL format").
-    assert "rewrite * /insert/0/influx{path}?{query}" in site
+    # The cluster's InfluxDB endpoint is below /insert/<tenant>/influx (Cluster-VictoriaMetrics.md, "URL format"),
+    # on a fixed path: the client's own path and query are not forwarded.
+    identity = "extra_label=uid={telemetry.node.uid}&extra_label=role={telemetry.node.role}"
+    assert f"rewrite * /insert/0/influx/api/v2/write?precision={{http.request.uri.query.precision}}&{identity}" in site
+    assert "{path}" not in site and "{query}" not in site
     for line in ("lb_policy round_robin", "health_uri /health", "health_status 200", "header_up -Authorization"):
         assert line in site, line
     route = site.split("route {", 1)[1]
-    # Token to Basic, then the check, then the rewrite and the upstream: in this order.
-    order = [route.index(s) for s in ("request_header Authorization", "basic_auth {", "rewrite *", "reverse_proxy")]
+    # The refusal of a stranger, then the rewrite and the upstream: in this order.
+    order = [route.index(s) for s in ("respond @stranger 401", "rewrite *", "reverse_proxy")]
     assert order == sorted(order), route
     nodes = yaml.safe_load((REPO / "inventory/prod/group_vars/all/nodes.yml").read_text())["telemetry_nodes"]
     for node in nodes:
-        assert re.search(rf"(?m)^\t+{re.escape(node)} \$2b\$12\$", site), node
+        assert re.search(rf'(?m)^\t+"Token [A-Za-z0-9+/=]+" {re.escape(node)} ', site), node
 
 
 @pytest.mark.timeout(1800)
@@ -548,7 +557,7 @@ def test_caddy_adapts_the_cluster_route(cluster_site, tmp_path):
     caddy = require_binary("caddy")
     caddyfile = tmp_path / "Caddyfile"
     text = (cluster_site / PROXY_HOST / "opt/telemetry/reverse_proxy/conf/Caddyfile").read_text()
-    caddyfile.write_text(text.replace("basic_auth {", "basicauth {"))  # Caddy 2.6 spelling
+    caddyfile.write_text(text.replace("basic_auth ", "basicauth "))  # Caddy 2.6 spelling
     env = dict(os.environ, HOME=str(tmp_path), XDG_DATA_HOME=str(tmp_path / "d"), XDG_CONFIG_HOME=str(tmp_path / "c"))
     result = subprocess.run(
         [caddy, "adapt", "--adapter", "caddyfile", "--config", str(caddyfile)],
@@ -574,7 +583,7 @@ def test_caddy_adapts_the_cluster_route(cluster_site, tmp_path):
                 walk(value)
 
     walk(adapted)
-    assert "/insert/0/influx{http.request.uri.path}?{http.request.uri.query}" in found["rewrite"]
+    assert any(uri.startswith("/insert/0/influx/api/v2/write?") for uri in found["rewrite"]), found["rewrite"]
     vminsert = [p for p in found["proxies"] if any(u["dial"] == "10.0.0.21:8480" for u in p["upstreams"])]
     assert vminsert, found["proxies"]
     for proxy in vminsert:
