@@ -29,6 +29,8 @@ from loki_receiver import LokiReceiver
 from servers import victoria_metrics
 from test_victoriametrics_deploy import LOGS_DOMAIN, MetricsProxy, _logger, _samples
 
+pytestmark = pytest.mark.slow  # runs Caddy, VictoriaMetrics and ansible-playbook
+
 IDENTITIES = {"miner-01": {"uid": "m1", "role": "miner"}, "validator-01": {"uid": "v1", "role": "validator"}}
 NODES = ["miner-01", "validator-01", "miner-02"]  # miner-02: no identity given, stored as uid miner-02, role miner
 
