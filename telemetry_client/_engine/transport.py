@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from telemetry_client._engine.settings import Timeouts
+
 
 class TransportError(Exception):
     """The request did not get an HTTP answer: refused, reset, timed out, TLS failure."""
@@ -109,8 +111,8 @@ class HttpTransport:
         *,
         verify_tls: bool = True,
         ca_certs: str | None = None,
-        connect_timeout: float = 3.0,
-        read_timeout: float = 10.0,
+        connect_timeout: float = Timeouts.connect,
+        read_timeout: float = Timeouts.read,
         compress: bool = True,
     ) -> None:
         self.url = url
