@@ -54,7 +54,7 @@ def _request(
 
 def _access_log(proxy: MetricsProxy, name: str) -> list[dict]:
     path = proxy.logs / name
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # a loaded machine may be slow to create it
     while not path.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
