@@ -7,7 +7,7 @@ PYTHON ?= python3
 setup:
 	$(PYTHON) -m pip install -e '.[dev]'
 	@if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq influxdb victoria-metrics docker-compose caddy; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 influxdb victoria-metrics docker-compose caddy; \
 	else \
 		echo "Install Debian's influxdb, victoria-metrics, docker-compose and caddy packages to run every test."; \
 	fi
