@@ -197,6 +197,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="where Loki answers queries, when not at --loki-url (a read path behind another address; "
         "env LOKI_QUERY_URL)",
     )
+    target.add_argument(
+        "--loki-tenant-per-node",
+        action="store_true",
+        help="each node pushes into its own Loki tenant (X-Scope-OrgID: its uid), as the production edge sets it, "
+        "and the run's Loki queries read every node's tenant (their uids joined by '|', as Grafana's data source "
+        "does); for a Loki with auth_enabled and multi_tenant_queries_enabled",
+    )
     target.add_argument("--grafana-url", help="run the queries through Grafana's /api/ds/query (env GRAFANA_URL)")
     target.add_argument(
         "--grafana-token-file",
@@ -279,6 +286,8 @@ class Stack:
     backend: str = "influxdb"
     victoria_url: str | None = None
     victoria_headers: tuple[tuple[str, str], ...] = ()
+    # X-Scope-OrgID of the run's own Loki queries (--loki-tenant-per-node: every node's tenant).
+    loki_org_id: str | None = None
 
     @property
     def loki_read_url(self) -> str | None:
@@ -527,23 +536,27 @@ def runners_for(stack: Stack, selected: Sequence[str]) -> dict[str, vd.Runner]:
         runners[stack.metrics_datasource] = promql(stack) if stack.backend == "victoriametrics" else influxql(stack)
     if "loki" in selected:
         runners["loki"] = (
-            lokiql(stack.loki_read_url)
+            lokiql(stack.loki_read_url, stack.loki_org_id)
             if stack.loki_read_url
             else _Unconfigured("no Loki URL: set --loki-url or LOKI_URL, or leave Loki out with --datasource influxdb")
         )
     return runners
 
 
-def lokiql(url: str) -> vd.LokiQL:
-    """Loki's query API with the client's own credentials (LOKI_USERNAME/PASSWORD or BEARER_TOKEN, TENANT_ID)."""
+def lokiql(url: str, org_id: str | None = None) -> vd.LokiQL:
+    """Loki's query API with the client's own credentials (LOKI_USERNAME/PASSWORD or BEARER_TOKEN, TENANT_ID).
+
+    `org_id`, when given, is the X-Scope-OrgID instead of LOKI_TENANT_ID: the tenants the queries read.
+    """
     headers: list[tuple[str, str]] = []
     user, password, bearer = _env("LOKI_USERNAME"), _env("LOKI_PASSWORD"), _env("LOKI_BEARER_TOKEN")
     if user and password:
         headers.append(("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()))
     elif bearer:
         headers.append(("Authorization", f"Bearer {bearer}"))
-    if _env("LOKI_TENANT_ID"):
-        headers.append(("X-Scope-OrgID", _env("LOKI_TENANT_ID") or ""))
+    tenants = org_id or _env("LOKI_TENANT_ID")
+    if tenants:
+        headers.append(("X-Scope-OrgID", tenants))
     return vd.LokiQL(url, tuple(headers))
 
 
@@ -586,6 +599,8 @@ def execute(args: argparse.Namespace, line_counter: LineCounter | None = None) -
     specs = fl.build_specs(counts, args.seed)
     if not specs:
         raise UsageError("the fleet is empty: give at least one of --miners, --validators, --aggregators, --evaluators")
+    if args.loki_tenant_per_node:
+        stack = replace(stack, loki_org_id="|".join(spec.uid for spec in specs))
     faults = resolve_faults(args, specs, stack)
     plan = replace(fl.plan_for(specs, args.points_per_sec, args.window_seconds, args.duration), faults=tuple(faults))
     targets = fl.Targets(
@@ -597,6 +612,7 @@ def execute(args: argparse.Namespace, line_counter: LineCounter | None = None) -
         username=stack.username,
         password=stack.password,
         loki_url=stack.loki_url,
+        loki_tenant_per_node=args.loki_tenant_per_node,
         system_interval=args.system_interval,
         self_metrics_interval=args.self_metrics_interval,
     )
@@ -697,7 +713,7 @@ def evaluate_alerts(
     else:
         sources["influxdb"] = influxql(stack)
         sources["prometheus"] = promql(stack)
-        sources["loki"] = lokiql(stack.loki_read_url) if stack.loki_read_url else None
+        sources["loki"] = lokiql(stack.loki_read_url, stack.loki_org_id) if stack.loki_read_url else None
     kinds = {f.kind for f in faults}
     if "metrics-down" in kinds:
         sources["influxdb"], sources["prometheus"] = vd.InfluxQL(REFUSED_URL, stack.database), vm.PromQL(REFUSED_URL)
@@ -749,7 +765,9 @@ def account_delivery(
     uids = uids or {}
     # Timestamps come from the nodes' clocks; a minute of slack either side costs nothing.
     wide = dash.TimeRange(window.start - timedelta(minutes=1), window.end + timedelta(minutes=1))
-    loki: vd.LokiQL | vd.GrafanaLogQL | None = lokiql(stack.loki_read_url) if stack.loki_read_url else None
+    loki: vd.LokiQL | vd.GrafanaLogQL | None = (
+        lokiql(stack.loki_read_url, stack.loki_org_id) if stack.loki_read_url else None
+    )
     if stack.grafana is not None:  # count through Grafana too: its credentials are all the run needs
         loki = vd.GrafanaLogQL(stack.grafana, uids.get("loki", "loki"))
     rows = vd.account(

@@ -371,6 +371,12 @@ def _substitute(
             return _EXPLICIT_FORMATS[explicit](chosen)
         if name in values:
             return _format(name, values[name], definitions.get(name), regex, escape, raw, join)
+        if name.isdigit():
+            # A regex group of label_replace's replacement ("$1"): no variable has that name, and
+            # Grafana leaves a reference to no variable as it is (public/app/features/templating/
+            # template_srv.ts, replace: `if (!variable) return match`). Any other unknown name is
+            # refused here, stricter than Grafana, to catch a misspelt variable.
+            return match.group(0)
         raise KeyError(f"no value for ${name}")
 
     return _VARIABLE.sub(replace, text)

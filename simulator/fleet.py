@@ -84,6 +84,7 @@ class Targets:
     username: str | None = None
     password: str | None = None
     loki_url: str | None = None
+    loki_tenant_per_node: bool = False  # X-Scope-OrgID: the node's uid, as the edge sets it in production
     system_interval: float = 1.0
     self_metrics_interval: float | None = 1.0
     buffer: BufferSettings = field(default_factory=BufferSettings)
@@ -390,6 +391,7 @@ def make_loki_logger(spec: NodeSpec, run: RunIdentity, targets: Targets, metrics
         version=spec.version,
         environment=run.network,
         url=targets.loki_url,
+        tenant_id=spec.uid if targets.loki_tenant_per_node else None,
         role=spec.role,
         host=f"{run.network}-{spec.role}-{spec.uid}",
         level="DEBUG",

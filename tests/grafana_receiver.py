@@ -23,7 +23,17 @@ receiver, which follows Grafana's documented request and response format:
   (Grafana's Loki backend fills in `$__auto`, `$__interval` and `$__range`); the
   same evaluator serves Loki's own query API (`/loki/api/v1/query_range`,
   `/loki/api/v1/query`, `/loki/api/v1/label/<name>/values`), so the simulator's
-  direct Loki path is tested too;
+  direct Loki path is tested too. Tenants are resolved as Loki's querier does
+  (grafana/loki v3.7 pkg/querier/multi_tenant_querier.go): with the receiver's
+  `auth_enabled`, the query's `X-Scope-OrgID` (the data source's provisioned
+  header, or the request's on the direct path) names the tenants, `|`-separated;
+  none is "no org id"; several need `multi_tenant_queries_enabled` (else dskit's
+  "multiple org IDs present"). One tenant reads that tenant alone, labels as
+  stored. Several: matchers on `__tenant_id__` choose the tenants and are removed
+  from the selector (filterValuesByMatchers; one on `original___tenant_id__`
+  matches the stream's own label), each tenant's result gets `__tenant_id__` after
+  its pipeline (an existing one becomes `original___tenant_id__`: relabel), and the
+  label values of `__tenant_id__` are the header's tenants (Label);
 * what `make doctor` reads, each behind the same authentication:
   `GET /api/datasources/uid/<uid>/health` (grafana/grafana `pkg/api/api.go` routes it to
   `CheckDatasourceHealthWithUID`, `pkg/api/datasources.go`: 200 `{"status": "OK",
@@ -56,6 +66,8 @@ from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from loki_receiver import SINGLE_TENANT, tenant_ids
+
 from simulator import dashboards as dash
 
 _RELATIVE = re.compile(r"^now(?:-(\d+)([smhdw]))?$")
@@ -81,6 +93,8 @@ class LokiSource:
     receiver: Any  # tests/loki_receiver.LokiReceiver
     min_interval: timedelta = timedelta(seconds=1)
     type: str = "loki"
+    # The provisioned X-Scope-OrgID (httpHeaderName1/httpHeaderValue1): tenants joined by "|".
+    org_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -240,9 +254,12 @@ class GrafanaReceiver:
             instant = query.get("queryType") == "instant"
             step = None if instant else interval.total_seconds()
             start_ns, end_ns = window.start_ms * 1_000_000, window.end_ms * 1_000_000
+            view = tenant_view(source.receiver, source.org_id)
             data = logql_query(
-                executed, source.receiver.entries, start_ns, end_ns, step, int(query.get("maxLines") or 1000)
+                executed, source.receiver.entries, start_ns, end_ns, step, int(query.get("maxLines") or 1000), view
             )
+        except TenantError as exc:
+            return self._error(ref_id, uid, raw, raw, str(exc))
         except (KeyError, LogQLError, re.error) as exc:
             return self._error(ref_id, uid, raw, raw, f"parse error: {exc}")
         with self._lock:
@@ -290,7 +307,7 @@ class GrafanaReceiver:
             self._state.queries.append(SeenQuery(ref_id, uid, raw, executed, 200))
         return {"status": 200, "frames": prometheus_frames(ref_id, executed, body.get("data") or {})}
 
-    def loki_api(self, path: str, params: dict[str, str]) -> tuple[int, Any]:
+    def loki_api(self, path: str, params: dict[str, str], org_id: str | None = None) -> tuple[int, Any]:
         """Loki's own query API (query_range, query, label values) over the first Loki source."""
         source = next((s for s in self.datasources.values() if isinstance(s, LokiSource)), None)
         if source is None:
@@ -298,19 +315,23 @@ class GrafanaReceiver:
         entries = source.receiver.entries
         now_ns = time.time_ns()
         try:
+            view = tenant_view(source.receiver, org_id)
+        except TenantError as exc:
+            return exc.status, f"{exc}\n"
+        try:
             end = int(params.get("end") or params.get("time") or now_ns)
             start = int(params.get("start") or end - 3600 * 10**9)
             limit = int(params.get("limit") or 100)
             if path == "/loki/api/v1/query_range":
                 step = parse_duration(params["step"]) if "step" in params else max(1.0, (end - start) / 1e9 / 250)
-                data = logql_query(params["query"], entries, start, end, step, limit)
+                data = logql_query(params["query"], entries, start, end, step, limit, view)
             elif path == "/loki/api/v1/query":
-                data = logql_query(params["query"], entries, end, end, None, limit)
+                data = logql_query(params["query"], entries, end, end, None, limit, view)
             elif path.startswith("/loki/api/v1/label/") and path.endswith("/values"):
                 label = path[len("/loki/api/v1/label/") : -len("/values")]
                 return 200, {
                     "status": "success",
-                    "data": label_values(label, params.get("query", ""), entries, start, end),
+                    "data": label_values(label, params.get("query", ""), entries, start, end, view),
                 }
             else:
                 return 404, "404 page not found\n"
@@ -534,7 +555,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(404, {"message": "Not found"})
         elif parsed.path.startswith("/loki/api/v1/"):
             params = dict(urllib.parse.parse_qsl(parsed.query))
-            status, payload = receiver.loki_api(parsed.path, params)
+            status, payload = receiver.loki_api(parsed.path, params, self.headers.get("X-Scope-OrgID"))
             if isinstance(payload, str):
                 body = payload.encode()
                 self.send_response(status)
@@ -593,6 +614,67 @@ class LogQLError(ValueError):
     """A query this evaluator (or Loki) cannot parse."""
 
 
+class TenantError(Exception):
+    """A query Loki refuses for its tenants, with the status it answers."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+TENANT_LABEL = "__tenant_id__"  # multi_tenant_querier.go defaultTenantLabel
+_RETAINED_TENANT_LABEL = "original_" + TENANT_LABEL  # retainExistingPrefix
+
+
+@dataclass(frozen=True)
+class TenantView:
+    """The tenants one query reads. `tenants` None: a Loki without auth_enabled (the one tenant, all entries)."""
+
+    tenants: tuple[str, ...] | None = None
+    multi_tenant: bool = False  # multi_tenant_queries_enabled: the MultiTenantQuerier answers
+
+    def scope(self, matchers: list[tuple[str, str, str]]) -> tuple[set[str] | None, list[tuple[str, str, str]], bool]:
+        """(tenants read or None for all, the matchers left for the streams, whether results get the tenant label)."""
+        if self.tenants is None:
+            return None, matchers, False
+        if len(self.tenants) == 1:
+            return set(self.tenants), matchers, False
+        chosen, rest = set(self.tenants), []
+        for name, op, value in matchers:  # filterValuesByMatchers
+            if name == TENANT_LABEL:
+                chosen = {t for t in chosen if _match(op, t, value)}
+            elif name == _RETAINED_TENANT_LABEL:
+                rest.append((TENANT_LABEL, op, value))
+            else:
+                rest.append((name, op, value))
+        return chosen, rest, True
+
+    def label_values(self) -> list[str] | None:
+        """What the label values of `__tenant_id__` are, when the MultiTenantQuerier answers them (Label)."""
+        if not self.multi_tenant:
+            return None
+        return list(self.tenants) if self.tenants is not None else [SINGLE_TENANT]
+
+
+ALL_TENANTS = TenantView()
+
+
+def tenant_view(receiver: Any, org_id: str | None) -> TenantView:
+    """The tenants a query with this X-Scope-OrgID reads on `receiver`, or the error Loki answers."""
+    multi = bool(getattr(receiver, "multi_tenant_queries_enabled", False))
+    if not getattr(receiver, "auth_enabled", False):
+        return TenantView(None, multi)
+    if not org_id:
+        raise TenantError(401, "no org id")  # dskit middleware/http_auth.go, user/id.go ErrNoOrgID
+    try:
+        ids = tenant_ids(org_id)
+    except ValueError as exc:
+        raise TenantError(400, str(exc)) from None
+    if len(ids) > 1 and not multi:
+        raise TenantError(400, "multiple org IDs present")  # dskit user/id.go ErrTooManyOrgIDs
+    return TenantView(tuple(ids), multi)
+
+
 def parse_duration(text: str) -> float:
     parts = _DURATION.findall(text)
     if not parts or "".join(n + u for n, u in parts) != text:
@@ -627,7 +709,7 @@ class _Log:
 
 @dataclass
 class _Node:
-    kind: str  # "log", "range", "agg", "topk", "div", "number"
+    kind: str  # "log", "range", "agg", "topk", "div", "number", "label_replace"
     args: dict[str, Any]
 
 
@@ -695,6 +777,18 @@ class _Parser:
             self.take("op", ")")
             by = by if by is not None else self._by()
             return _Node("agg", {"fn": value, "by": by, "inner": inner})
+        if kind == "ident" and value == "label_replace":
+            self.take()
+            self.take("op", "(")
+            inner = self.expr()
+            args = []
+            for _ in range(4):
+                self.take("op", ",")
+                args.append(self.take("string"))
+            self.take("op", ")")
+            dst, replacement, src, regex = args
+            return _Node("label_replace", {"inner": inner, "dst": dst, "replacement": replacement,
+                                           "src": src, "regex": regex})  # fmt: skip
         if kind == "ident" and value == "topk":
             self.take()
             self.take("op", "(")
@@ -771,14 +865,19 @@ def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
         out[prefix] = value if isinstance(value, str) else json.dumps(value)
 
 
-def _run_log(log: _Log, entries: list[Any], lo_ns: int, hi_ns: int) -> list[tuple[dict[str, str], int, str]]:
-    """Entries in (lo, hi] through the selector and the pipeline: (labels, ts, line)."""
+def _run_log(
+    log: _Log, entries: list[Any], lo_ns: int, hi_ns: int, view: TenantView = ALL_TENANTS
+) -> list[tuple[dict[str, str], int, str]]:
+    """Entries in (lo, hi] of the view's tenants through the selector and the pipeline: (labels, ts, line)."""
     out = []
+    tenants, matchers, relabel = view.scope(log.matchers)
     for entry in entries:
         if not lo_ns < entry.ts <= hi_ns:
             continue
+        if tenants is not None and entry.tenant not in tenants:
+            continue
         labels = dict(entry.labels)
-        if not all(_match(op, labels.get(name, ""), value) for name, op, value in log.matchers):
+        if not all(_match(op, labels.get(name, ""), value) for name, op, value in matchers):
             continue
         keep = True
         for stage, spec in log.stages:
@@ -812,6 +911,10 @@ def _run_log(log: _Log, entries: list[Any], lo_ns: int, hi_ns: int) -> list[tupl
             if not keep:
                 break
         if keep:
+            if relabel:  # after the tenant's own query, pipeline included (TenantEntryIterator)
+                if TENANT_LABEL in labels:
+                    labels[_RETAINED_TENANT_LABEL] = labels.pop(TENANT_LABEL)
+                labels[TENANT_LABEL] = entry.tenant
             out.append((labels, entry.ts, entry.line))
     return out
 
@@ -823,20 +926,20 @@ def _key(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((k, v) for k, v in labels.items() if k != "__error__" or v))
 
 
-def _instant(node: _Node, entries: list[Any], at_ns: int) -> Vector | float:
+def _instant(node: _Node, entries: list[Any], at_ns: int, view: TenantView = ALL_TENANTS) -> Vector | float:
     if node.kind == "number":
         return node.args["value"]
     if node.kind == "range":
         span = node.args["range"]
         found: Vector = {}
-        for labels, _, _ in _run_log(node.args["log"], entries, at_ns - int(span * 1e9), at_ns):
+        for labels, _, _ in _run_log(node.args["log"], entries, at_ns - int(span * 1e9), at_ns, view):
             key = _key(labels)
             found[key] = found.get(key, 0.0) + 1.0
         if node.args["fn"] == "rate":
             found = {k: v / span for k, v in found.items()}
         return found
     if node.kind == "agg":
-        inner = _instant(node.args["inner"], entries, at_ns)
+        inner = _instant(node.args["inner"], entries, at_ns, view)
         if not isinstance(inner, dict):
             raise LogQLError("parse error: aggregation of a scalar")
         groups: dict[tuple[tuple[str, str], ...], list[float]] = {}
@@ -848,14 +951,14 @@ def _instant(node: _Node, entries: list[Any], at_ns: int) -> Vector | float:
         reduce = {"sum": sum, "count": len, "max": max, "min": min, "avg": lambda v: sum(v) / len(v)}[fn]
         return {group: float(reduce(values)) for group, values in groups.items()}
     if node.kind == "topk":
-        inner = _instant(node.args["inner"], entries, at_ns)
+        inner = _instant(node.args["inner"], entries, at_ns, view)
         if not isinstance(inner, dict):
             raise LogQLError("parse error: topk of a scalar")
         ranked = sorted(inner.items(), key=lambda item: -item[1])[: node.args["k"]]
         return dict(ranked)
     if node.kind == "div":
-        left = _instant(node.args["left"], entries, at_ns)
-        right = _instant(node.args["right"], entries, at_ns)
+        left = _instant(node.args["left"], entries, at_ns, view)
+        right = _instant(node.args["right"], entries, at_ns, view)
         if isinstance(left, dict) and isinstance(right, dict):
             return {k: v / right[k] for k, v in left.items() if right.get(k)}
         if isinstance(left, dict):
@@ -863,15 +966,43 @@ def _instant(node: _Node, entries: list[Any], at_ns: int) -> Vector | float:
         if isinstance(right, dict):
             return {k: left / v for k, v in right.items() if v}
         return left / right if right else math.nan
+    if node.kind == "label_replace":
+        inner = _instant(node.args["inner"], entries, at_ns, view)
+        if not isinstance(inner, dict):
+            raise LogQLError("parse error: label_replace of a scalar")
+        return _label_replace(inner, **{k: v for k, v in node.args.items() if k != "inner"})
     raise LogQLError("parse error: a log query is not a metric query")
 
 
+def _label_replace(vector: Vector, dst: str, replacement: str, src: str, regex: str) -> Vector:
+    """Prometheus' label_replace, which LogQL has (grafana/loki pkg/logql/syntax LabelReplaceExpr).
+
+    The regex must match the whole source value (an absent label is ""); the
+    replacement's $1 / ${1} name its groups; an empty result removes `dst`; no
+    match leaves the series as it is.
+    """
+    pattern = re.compile(regex)
+    template = re.sub(r"\$\{?(\w+)\}?", lambda m: "\\g<" + m.group(1) + ">", replacement)
+    out: Vector = {}
+    for key, value in vector.items():
+        labels = dict(key)
+        found = pattern.fullmatch(labels.get(src, ""))
+        if found is not None:
+            new = found.expand(template)
+            if new:
+                labels[dst] = new
+            else:
+                labels.pop(dst, None)
+        out[_key(labels)] = value
+    return out
+
+
 def logql_query(text: str, entries: list[Any], start_ns: int, end_ns: int, step_s: float | None,
-                limit: int = 1000) -> dict[str, Any]:  # fmt: skip
-    """Loki's `data` for a query: streams for a log query; a matrix (step) or a vector (instant)."""
+                limit: int = 1000, view: TenantView = ALL_TENANTS) -> dict[str, Any]:  # fmt: skip
+    """Loki's `data` for a query over the view's tenants: streams for a log query; a matrix (step) or a vector."""
     node = _Parser(text).parse()
     if node.kind == "log":
-        lines = _run_log(node.args["log"], entries, start_ns - 1, end_ns)
+        lines = _run_log(node.args["log"], entries, start_ns - 1, end_ns, view)
         lines.sort(key=lambda item: -item[1])
         streams: dict[tuple[tuple[str, str], ...], list[list[str]]] = {}
         for labels, ts, line in lines[:limit]:
@@ -879,7 +1010,7 @@ def logql_query(text: str, entries: list[Any], start_ns: int, end_ns: int, step_
         result = [{"stream": dict(key), "values": values} for key, values in streams.items()]
         return {"resultType": "streams", "result": result}
     if step_s is None:
-        value = _instant(node, entries, end_ns)
+        value = _instant(node, entries, end_ns, view)
         if not isinstance(value, dict):
             return {"resultType": "scalar", "result": [end_ns / 1e9, str(value)]}
         return {
@@ -890,19 +1021,26 @@ def logql_query(text: str, entries: list[Any], start_ns: int, end_ns: int, step_
     step_ns = max(1, int(step_s * 1e9))
     at = start_ns
     while at <= end_ns:
-        value = _instant(node, entries, at)
+        value = _instant(node, entries, at, view)
         for key, number in value.items() if isinstance(value, dict) else [((), value)]:
             series.setdefault(key, []).append([at / 1e9, str(number)])
         at += step_ns
     return {"resultType": "matrix", "result": [{"metric": dict(k), "values": v} for k, v in series.items()]}
 
 
-def label_values(label: str, stream: str, entries: list[Any], start_ns: int, end_ns: int) -> list[str]:
-    """/loki/api/v1/label/<label>/values, optionally narrowed by a stream selector."""
-    selected = entries
-    if stream:
-        log = _Parser(stream).log_expr()
-        selected = [e for e in entries if all(_match(op, e.labels.get(n, ""), v) for n, op, v in log.matchers)]
+def label_values(
+    label: str, stream: str, entries: list[Any], start_ns: int, end_ns: int, view: TenantView = ALL_TENANTS
+) -> list[str]:
+    """/loki/api/v1/label/<label>/values over the view's tenants, optionally narrowed by a stream selector."""
+    if label == TENANT_LABEL and (tenants := view.label_values()) is not None:
+        return tenants  # MultiTenantQuerier.Label answers these before looking at any stream
+    matchers = _Parser(stream).log_expr().matchers if stream else []
+    chosen, matchers, _ = view.scope(matchers)
+    selected = [
+        e
+        for e in entries
+        if (chosen is None or e.tenant in chosen) and all(_match(op, e.labels.get(n, ""), v) for n, op, v in matchers)
+    ]
     return sorted({e.labels[label] for e in selected if label in e.labels and start_ns <= e.ts <= end_ns})
 
 

@@ -36,6 +36,20 @@ for JSON. Each rule below names the Loki source it models (grafana/loki, the
   was cut is stored again;
 * if no ingester error, the distributor's validation error is answered (400) after
   the valid entries were stored; otherwise the ingester's error replaces it;
+* tenants (grafana/loki v3.7, vendored grafana/dskit): with `auth_enabled` a push
+  without `X-Scope-OrgID` is answered 401 "no org id" (dskit
+  middleware/http_auth.go AuthenticateUser, user/id.go ErrNoOrgID); the push handler
+  takes exactly one valid tenant ID or answers 400 with dskit's message
+  (pkg/distributor/http.go pushHandler calls tenant.TenantID: "multiple org IDs
+  present" for `a|b`, tenant/tenant.go ValidTenantID for characters outside
+  `a-zA-Z0-9!-_.*'()`, more than 150 bytes, `.` or `..`). Without it every push is
+  the tenant `fake` whatever the header says (pkg/util/fakeauth/fake_auth.go). Every
+  limit is the tenant's: `limits_config` for all, `overrides` per tenant as
+  Loki's runtime configuration gives them (pkg/runtime/config.go, the tenant's
+  override or else the defaults); streams, rate buckets and stream counts are
+  kept per tenant. A new stream beyond `max_global_streams_per_user` is refused
+  by the ingester with 429 StreamLimitErrorMsg (pkg/ingester/instance.go
+  onStreamCreationError; one ingester, so the global limit is the local one);
 * Loki adds `service_name` to each stream (pkg/distributor/distributor.go
   parseStreamLabels, `discover_service_name` defaults in pkg/validation/limits.go),
   not counted toward `max_label_names_per_series` (pkg/distributor/validator.go).
@@ -113,6 +127,7 @@ class Limits:
     max_chunk_age: float | None = None  # seconds; entries older than newest - age/2 are too far behind (Loki: 2h)
     max_returned_stream_errors: int = 10
     chunk_block_size: int = 262_144  # head block size: the de-duplication window
+    max_global_streams_per_user: int | None = None  # active streams per tenant (Loki: 5000)
 
     @classmethod
     def loki_defaults(cls, **overrides: Any) -> Limits:
@@ -125,6 +140,7 @@ class Limits:
             per_stream_rate_bytes=3.0 * MB,
             per_stream_burst_bytes=15 * MB,
             max_chunk_age=7200.0,
+            max_global_streams_per_user=5000,
         )
         values.update(overrides)
         return cls(**values)
@@ -170,7 +186,7 @@ class Entry:
     ts: int
     line: str
     metadata: dict[str, str] | None
-    tenant: str | None
+    tenant: str  # "fake" when the receiver runs without auth_enabled, as Loki does
 
     def json(self) -> Any:
         return json.loads(self.line)
@@ -214,8 +230,8 @@ class _State:
     entries: list[Entry] = field(default_factory=list)
     requests: list[Request] = field(default_factory=list)
     refused: list[tuple[str, int, str]] = field(default_factory=list)  # (stream, ts, reason)
-    streams: dict[tuple[str | None, str], _Stream] = field(default_factory=dict)  # (tenant, stream)
-    tenants: dict[str | None, TokenBucket] = field(default_factory=dict)
+    streams: dict[tuple[str, str], _Stream] = field(default_factory=dict)  # (tenant, stream)
+    tenants: dict[str, TokenBucket] = field(default_factory=dict)
     duplicates: int = 0
 
 
@@ -238,6 +254,29 @@ def selector(labels: dict[str, str]) -> str:
     return "{" + ", ".join(f"{k}={json.dumps(labels[k], ensure_ascii=False)}" for k in sorted(labels)) + "}"
 
 
+# The tenant of every push when auth_enabled is false (pkg/util/fakeauth/fake_auth.go).
+SINGLE_TENANT = "fake"
+MAX_TENANT_ID_LENGTH = 150  # dskit tenant/tenant.go MaxTenantIDLength
+_TENANT_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!-_.*'()")
+
+
+def tenant_ids(org_id: str) -> list[str]:
+    """dskit tenant.TenantIDs: the `|`-separated IDs, each validated, sorted and de-duplicated.
+
+    Raises ValueError with dskit's message for an invalid ID (tenant/tenant.go ValidTenantID).
+    """
+    ids = org_id.split("|")
+    for tenant in ids:
+        bad = next((c for c in tenant if c not in _TENANT_CHARACTERS), None)
+        if bad is not None:
+            raise ValueError(f"tenant ID '{tenant}' contains unsupported character '{bad}'")
+        if len(tenant.encode()) > MAX_TENANT_ID_LENGTH:
+            raise ValueError(f"tenant ID is too long: max {MAX_TENANT_ID_LENGTH} characters")
+        if tenant in (".", ".."):
+            raise ValueError("tenant ID is '.' or '..'")
+    return sorted(set(ids))
+
+
 class _BadRequest(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -255,7 +294,9 @@ class LokiReceiver:
         strict_order: bool = True,
         dedupe: bool = True,
         discover_service_name: bool = True,
-        require_tenant: bool = False,
+        auth_enabled: bool = False,
+        overrides: dict[str, Limits] | None = None,
+        multi_tenant_queries_enabled: bool = False,
         basic_auth: tuple[str, str] | None = None,
         bearer_token: str | None = None,
         port: int = 0,
@@ -266,7 +307,10 @@ class LokiReceiver:
         self.strict_order = strict_order
         self.dedupe = dedupe
         self.discover_service_name = discover_service_name
-        self.require_tenant = require_tenant
+        self.auth_enabled = auth_enabled
+        self.overrides = dict(overrides or {})
+        # The querier's multi_tenant_queries_enabled: read by the query side (tests/grafana_receiver.py).
+        self.multi_tenant_queries_enabled = multi_tenant_queries_enabled
         self.basic_auth = basic_auth
         self.bearer_token = bearer_token
         self.port = port
@@ -429,17 +473,34 @@ class LokiReceiver:
             return fault.status, fault.body, headers
         headers = {k.lower(): v for k, v in request.headers.items()}
         try:
+            tenant = self._tenant(headers)
             self._check_auth(headers)
             payload = self._decode(headers, body)
             streams = _parse_push(payload)
         except _BadRequest as exc:
             return exc.status, exc.message, {}
-        tenant = headers.get("x-scope-orgid")
         return self._ingest(request, streams, tenant)
 
-    def _check_auth(self, headers: dict[str, str]) -> None:
-        if self.require_tenant and not headers.get("x-scope-orgid"):
+    def limits_for(self, tenant: str) -> Limits:
+        """The tenant's limits: its runtime override, else `limits_config` (pkg/validation Overrides)."""
+        return self.overrides.get(tenant, self.limits)
+
+    def _tenant(self, headers: dict[str, str]) -> str:
+        """The push's tenant, or the answer Loki gives when there is none it can use."""
+        if not self.auth_enabled:
+            return SINGLE_TENANT
+        org_id = headers.get("x-scope-orgid", "")
+        if not org_id:
             raise _BadRequest(401, "no org id\n")
+        try:
+            ids = tenant_ids(org_id)
+        except ValueError as exc:
+            raise _BadRequest(400, f"{exc}\n") from None
+        if len(ids) > 1:
+            raise _BadRequest(400, "multiple org IDs present\n")
+        return ids[0]
+
+    def _check_auth(self, headers: dict[str, str]) -> None:
         auth = headers.get("authorization", "")
         if self.basic_auth is not None:
             expected = "Basic " + base64.b64encode(":".join(self.basic_auth).encode()).decode()
@@ -480,12 +541,11 @@ class LokiReceiver:
         source = next((labels[k] for k in SERVICE_NAME_SOURCES if k in labels), "unknown_service")
         return {**labels, SERVICE_NAME: source}
 
-    def _stream_error(self, labels: dict[str, str], loki_labels: dict[str, str]) -> str | None:
+    def _stream_error(self, labels: dict[str, str], loki_labels: dict[str, str], limits: Limits) -> str | None:
         """The distributor's label checks (pkg/distributor/validator.go ValidateLabels); a message if refused."""
         text = selector(labels)
         if not labels:
             return "error at least one label pair is required per stream"
-        limits = self.limits
         for name, value in labels.items():
             if not LABEL_NAME.fullmatch(name) or name.startswith("__"):
                 return f"Error parsing labels '{text}' with error: invalid label name {name!r}"
@@ -504,9 +564,10 @@ class LokiReceiver:
                 return f"stream '{stream}' has label value too long: '{value}'"
         return None
 
-    def _entry_error(self, stream: str, ts: int, line: str, metadata: dict[str, str] | None, now: int) -> str | None:
+    def _entry_error(
+        self, stream: str, ts: int, line: str, metadata: dict[str, str] | None, now: int, limits: Limits
+    ) -> str | None:
         """The distributor's entry checks (pkg/distributor/validator.go ValidateEntry, in its order)."""
-        limits = self.limits
         if limits.reject_old_samples_max_age is not None:
             oldest = now - int(limits.reject_old_samples_max_age * 1e9)
             if ts < oldest:
@@ -547,7 +608,7 @@ class LokiReceiver:
                 )
         return None
 
-    def _ingest(self, request: Request, streams: list[tuple[dict, list]], tenant: str | None) -> tuple[int, str, dict]:
+    def _ingest(self, request: Request, streams: list[tuple[dict, list]], tenant: str) -> tuple[int, str, dict]:
         """pkg/distributor/distributor.go Push: validate, rate-limit the tenant, then the ingester."""
         if not streams:
             return 422, "error at least one valid stream is required for ingestion\n", {}
@@ -556,19 +617,20 @@ class LokiReceiver:
         refused: list[tuple[str, int, str]] = []
         valid: list[tuple[dict[str, str], str, list[tuple[int, str, dict[str, str] | None]]]] = []
         validated_bytes = validated_lines = 0
+        limits = self.limits_for(tenant)
         for labels, values in streams:
             if not values:
                 continue  # "Return early if stream does not contain any entries"
             loki_labels = self._loki_labels(labels)
             stream = selector(loki_labels)
-            problem = self._stream_error(labels, loki_labels)
+            problem = self._stream_error(labels, loki_labels, limits)
             if problem is not None:
                 errors.append(problem)
                 refused.extend((stream, ts, problem) for ts, _, _ in values)
                 continue
             kept = []
             for ts, line, metadata in values:
-                problem = self._entry_error(stream, ts, line, metadata, now)
+                problem = self._entry_error(stream, ts, line, metadata, now, limits)
                 if problem is not None:
                     errors.append(problem)
                     refused.append((stream, ts, problem))
@@ -585,7 +647,6 @@ class LokiReceiver:
             refused_before = len(state.refused)
             state.refused.extend(refused)
             answer = validation
-            limits = self.limits
             bucket = None
             if valid and limits.ingestion_rate_bytes is not None:
                 bucket = state.tenants.get(tenant)
@@ -593,8 +654,9 @@ class LokiReceiver:
                     burst = limits.ingestion_burst_bytes or int(limits.ingestion_rate_bytes)
                     bucket = state.tenants[tenant] = TokenBucket(limits.ingestion_rate_bytes, burst)
             if bucket is not None and not bucket.allow(validated_bytes):
+                first = "ingestion" if self.version >= (3, 6) else "Ingestion"  # lowercased in 3.6
                 message = (
-                    f"Ingestion rate limit exceeded for user {tenant or 'fake'} (limit: {int(bucket.rate)} bytes/sec) "
+                    f"{first} rate limit exceeded for user {tenant} (limit: {int(bucket.rate)} bytes/sec) "
                     f"while attempting to ingest '{validated_lines}' lines totaling '{validated_bytes}' bytes, "
                     "reduce log volume or contact your Loki administrator to see if the limit can be increased"
                 )
@@ -619,14 +681,24 @@ class LokiReceiver:
         labels: dict[str, str],
         stream: str,
         values: list[tuple[int, str, dict[str, str] | None]],
-        tenant: str | None,
+        tenant: str,
         accepted: list[Entry],
     ) -> tuple[int, str, dict] | None:
         """pkg/ingester/stream.go Push for one stream: the error it returns, or None."""
-        limits = self.limits
+        limits = self.limits_for(tenant)
         state = self._state
         st = state.streams.get((tenant, stream))
         if st is None:
+            cap = limits.max_global_streams_per_user
+            if cap is not None and sum(1 for t, _ in state.streams if t == tenant) >= cap:
+                state.refused.extend((stream, ts, "stream_limit") for ts, _, _ in values)
+                first = "maximum" if self.version >= (3, 6) else "Maximum"  # lowercased in 3.6
+                message = (
+                    f"{first} active stream limit exceeded when trying to create stream {stream}, reduce the "
+                    "number of active streams (reduce labels or reduce label values), or contact your Loki "
+                    f"administrator to see if the limit can be increased, user: '{tenant}'"
+                )
+                return 429, message + "\n", {}
             st = state.streams[(tenant, stream)] = _Stream()
             if limits.per_stream_rate_bytes is not None:
                 burst = limits.per_stream_burst_bytes or int(limits.per_stream_rate_bytes)
@@ -700,14 +772,14 @@ class LokiReceiver:
         )
 
     def _ingester_error(
-        self, failed: list[tuple[int, str]], total: int, stream: str, tenant: str | None, rate_limited: bool
+        self, failed: list[tuple[int, str]], total: int, stream: str, tenant: str, rate_limited: bool
     ) -> tuple[int, str, dict]:
         """pkg/ingester/stream.go errorForFailedEntries: listed entries (at most N), then the stream's total."""
         lines = [
             f"entry with timestamp {go_time(ts)} ignored, reason: '{reason}',"
-            for ts, reason in failed[: self.limits.max_returned_stream_errors]
+            for ts, reason in failed[: self.limits_for(tenant).max_returned_stream_errors]
         ]
-        lines.append(f"user '{tenant or 'fake'}', total ignored: {len(failed)} out of {total} for stream: {stream}")
+        lines.append(f"user '{tenant}', total ignored: {len(failed)} out of {total} for stream: {stream}")
         return (429 if rate_limited else 400), "\n".join(lines) + "\n", {}
 
 

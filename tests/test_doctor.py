@@ -250,7 +250,7 @@ def test_loki_empty_push_proves_credentials_without_storing():
 
 
 def test_loki_without_tenant_names_the_tenant_setting():
-    with LokiReceiver(require_tenant=True) as receiver:
+    with LokiReceiver(auth_enabled=True) as receiver:
         endpoint = _loki(receiver.base_url)
         check = loki_authorisation(endpoint, authorisation_probe(endpoint))
         assert check.status is Status.FAIL

@@ -424,7 +424,7 @@ def test_setup_twice_keeps_one_handler_and_closes_the_previous(receiver, cleanup
 
 
 def test_url_and_credentials_come_from_the_environment_when_called(monkeypatch, cleanup):
-    with LokiReceiver(basic_auth=("node", "pw"), require_tenant=True) as receiver:
+    with LokiReceiver(basic_auth=("node", "pw"), auth_enabled=True) as receiver:
         monkeypatch.setenv("LOKI_URL", receiver.base_url)
         monkeypatch.setenv("LOKI_USERNAME", "node")
         monkeypatch.setenv("LOKI_PASSWORD", "pw")

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from grafana_receiver import logql_query
+from grafana_receiver import TenantError, label_values, logql_query, tenant_view
 from loki_receiver import Limits, LokiReceiver, datasize, go_time
 
 from telemetry_client._loki.rejections import parse_answer, parse_rate_limit, parse_rejections
@@ -212,12 +212,86 @@ def test_refuse_and_resume_on_the_same_port(receiver):
 
 
 def test_tenant_and_auth_are_enforced_when_configured():
-    with LokiReceiver(require_tenant=True, bearer_token="s3cret") as receiver:
+    with LokiReceiver(auth_enabled=True, bearer_token="s3cret") as receiver:
         body = push(({"a": "b"}, [[str(NOW), "x"]]))
         assert post(receiver, body, headers={"Authorization": "Bearer s3cret"})[0] == 401
         assert post(receiver, body, headers={"X-Scope-OrgID": "t1", "Authorization": "Bearer wrong"})[0] == 401
         assert post(receiver, body, headers={"X-Scope-OrgID": "t1", "Authorization": "Bearer s3cret"})[0] == 204
         assert receiver.entries[0].tenant == "t1"
+
+
+def test_without_auth_enabled_every_push_is_the_tenant_fake_whatever_the_header_says(receiver):
+    body = push(({"a": "b"}, [[str(NOW), "x"]]))
+    assert post(receiver, body, headers={"X-Scope-OrgID": "someone-else"})[0] == 204
+    assert [entry.tenant for entry in receiver.entries] == ["fake"]
+
+
+@pytest.mark.parametrize(
+    ("org_id", "status", "message"),
+    [
+        ("a|b", 400, "multiple org IDs present"),
+        ("a/b", 400, "tenant ID 'a/b' contains unsupported character '/'"),
+        ("..", 400, "tenant ID is '.' or '..'"),
+        ("x" * 151, 400, "tenant ID is too long: max 150 characters"),
+        ("", 401, "no org id"),
+    ],
+)
+def test_a_push_needs_exactly_one_valid_tenant_with_auth_enabled(org_id, status, message):
+    with LokiReceiver(auth_enabled=True) as receiver:
+        headers = {"X-Scope-OrgID": org_id} if org_id else {}
+        assert post(receiver, push(({"a": "b"}, [[str(NOW), "x"]])), headers=headers)[:2] == (status, message + "\n")
+        assert receiver.count() == 0
+
+
+def test_each_tenant_has_its_own_rate_limit_streams_and_overrides():
+    small = Limits(ingestion_rate_bytes=1000, ingestion_burst_bytes=1000, max_global_streams_per_user=2)
+    with LokiReceiver(auth_enabled=True, limits=small, overrides={"big": Limits()}) as receiver:
+        flood = push(({"a": "b"}, values(20, width=100)))  # 2,000 bytes: over the burst of 1,000
+        status, text, _ = post(receiver, flood, headers={"X-Scope-OrgID": "flooder"})
+        assert status == 429 and text.startswith("ingestion rate limit exceeded for user flooder (limit: 1000 ")
+        assert post(receiver, push(({"a": "b"}, values(5))), headers={"X-Scope-OrgID": "quiet"})[0] == 204
+        assert post(receiver, flood, headers={"X-Scope-OrgID": "big"})[0] == 204  # its override has no limit
+        # Streams are counted per tenant: "quiet" has one, may create a second, not a third.
+        assert post(receiver, push(({"a": "c"}, values(1))), headers={"X-Scope-OrgID": "quiet"})[0] == 204
+        status, text, _ = post(receiver, push(({"a": "d"}, values(1))), headers={"X-Scope-OrgID": "quiet"})
+        assert status == 429
+        assert text == (
+            'maximum active stream limit exceeded when trying to create stream {a="d", service_name="unknown_service"}'
+            ", reduce the number of active streams (reduce labels or reduce label values), or contact your Loki "
+            "administrator to see if the limit can be increased, user: 'quiet'\n"
+        )
+        assert [r.reason for r in parse_answer(text)[0]] == ["stream_limit"]  # what the client counts
+        assert post(receiver, push(({"a": "d"}, values(1))), headers={"X-Scope-OrgID": "other"})[0] == 204
+        assert {e.tenant for e in receiver.entries} == {"quiet", "big", "other"}
+
+
+def test_queries_read_the_tenants_they_name_and_label_each_result_with_its_tenant():
+    """grafana/loki pkg/querier/multi_tenant_querier.go, as the Grafana receiver's evaluator applies it."""
+    with LokiReceiver(auth_enabled=True, multi_tenant_queries_enabled=True) as receiver:
+        for tenant, uid in (("1", "1"), ("2", "1"), ("3", "3")):  # tenant 2 writes uid=1, as a forger would
+            body = push(({"service": "m", "uid": uid}, [[str(NOW), f"from {tenant}"]]))
+            assert post(receiver, body, headers={"X-Scope-OrgID": tenant})[0] == 204
+        entries = receiver.entries
+        both = tenant_view(receiver, "2|1")
+        streams = logql_query('{service="m"}', entries, NOW - 1, NOW + 1, None, view=both)["result"]
+        assert sorted((s["stream"]["__tenant_id__"], s["values"][0][1]) for s in streams) == [
+            ("1", "from 1"),
+            ("2", "from 2"),
+        ]
+        chosen = logql_query('{service="m", __tenant_id__=~"2|3"}', entries, NOW - 1, NOW + 1, None, view=both)
+        assert [s["values"][0][1] for s in chosen["result"]] == ["from 2"]
+        bound = 'sum by (uid) (label_replace(count_over_time({service="m"}[1m]), "uid", "$1", "__tenant_id__", "(.+)"))'
+        vector = logql_query(bound, entries, NOW + 1, NOW + 1, None, view=tenant_view(receiver, "1|2|3"))["result"]
+        assert {r["metric"]["uid"]: r["value"][1] for r in vector} == {"1": "1.0", "2": "1.0", "3": "1.0"}
+        # One tenant: its own lines, no tenant label, so the written uid stays.
+        alone = logql_query(bound, entries, NOW + 1, NOW + 1, None, view=tenant_view(receiver, "2"))["result"]
+        assert [r["metric"] for r in alone] == [{"uid": "1"}]
+        assert label_values("__tenant_id__", "", entries, NOW - 1, NOW + 1, both) == ["1", "2"]
+        with pytest.raises(TenantError, match="no org id"):
+            tenant_view(receiver, None)
+    with LokiReceiver(auth_enabled=True) as single:
+        with pytest.raises(TenantError, match="multiple org IDs present"):
+            tenant_view(single, "1|2")
 
 
 # ---- what a real Loki does beyond validation ---------------------------------------------
@@ -288,7 +362,8 @@ def test_the_tenant_rate_limit_answers_429_without_retry_after_and_stores_nothin
         body = push(({"a": "b"}, values(4032, width=228)))
         status, text, headers = post(receiver, body)
         assert status == 429 and "Retry-After" not in headers and receiver.count() == 0
-        assert text.startswith("Ingestion rate limit exceeded for user fake (limit: 104857 bytes/sec) while ")
+        # Loki 3.6 lowercased the message (pkg/validation/validate.go RateLimitedErrorMsg).
+        assert text.startswith("ingestion rate limit exceeded for user fake (limit: 104857 bytes/sec) while ")
         assert "'4032' lines totaling '919296' bytes" in text
         assert parse_rate_limit(text) == 104857
         assert post(receiver, body)[0] == 429  # larger than the burst: it never fits

@@ -19,6 +19,7 @@ from grafana.alerting_src import queries as q
 from grafana.alerting_src.queries import NODE
 from grafana.builder.alerts import PanelLink, Rule, TimeRange, loki_query, math, metrics_query, reduce, threshold
 from grafana.builder.backend import Backend, building_for
+from grafana.builder.queries import uid_from_tenant
 from telemetry_client.catalog import DROP_REASONS
 
 # Measurements whose points prove a node is working, one per role.
@@ -230,6 +231,7 @@ def client_drops() -> Rule:
 
 
 ERROR_LINES = '{environment=~".+", level=~"error|critical"}'
+ALL_LINES = '{environment=~".+"}'
 
 
 def log_errors_above_baseline() -> Rule:
@@ -248,9 +250,19 @@ def log_errors_above_baseline() -> Rule:
         ),
         severity="warning",
         data=[
-            loki_query("A", f"sum by (environment, role, uid) (count_over_time({ERROR_LINES} [$__range]))", recent),
+            # The node is its Loki tenant's uid where Loki has one tenant per node (production):
+            # a node cannot spread its errors over uids it writes, nor raise the node count.
+            loki_query(
+                "A",
+                f"sum by (environment, role, uid) ({uid_from_tenant(f'count_over_time({ERROR_LINES} [$__range])')})",
+                recent,
+            ),
             loki_query("B", f"sum(count_over_time({ERROR_LINES} [$__range]))", baseline),
-            loki_query("C", 'count(sum by (uid) (count_over_time({environment=~".+"} [$__range])))', baseline),
+            loki_query(
+                "C",
+                f"count(sum by (uid) ({uid_from_tenant(f'count_over_time({ALL_LINES} [$__range])')}))",
+                baseline,
+            ),
             reduce("D", "A", "last"),
             reduce("E", "B", "last"),
             reduce("F", "C", "last"),

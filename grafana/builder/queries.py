@@ -136,6 +136,25 @@ def most_dropped_nodes(count: int = 10) -> list[Json]:
     return [metrics_target(ref, query, table=True) for ref, query in zip(refs, queries, strict=False)]
 
 
+# The label Loki gives each series and stream of a query that reads several tenants
+# (grafana/loki pkg/querier/multi_tenant_querier.go, defaultTenantLabel). In production
+# every node pushes into its own tenant, named by the edge after the node's uid from its
+# credential; the local stack has one tenant and no such label.
+TENANT_LABEL = "__tenant_id__"
+
+
+def uid_from_tenant(expr: str) -> str:
+    """A LogQL metric `expr` whose `uid` is the tenant's where Loki names one, the stream's own otherwise.
+
+    label_replace runs after Loki added the tenant label, which a pipeline stage never
+    sees ("Tenant ID filtering in stages is not supported", Loki's multi-tenancy docs):
+    so in production a node's lines count under the uid of the credential that pushed
+    them whatever `uid` label it wrote; on a single-tenant Loki (no tenant label, the
+    regex does not match "") the series keep their `uid` label.
+    """
+    return f'label_replace({expr}, "uid", "$1", "{TENANT_LABEL}", "(.+)")'
+
+
 def loki_selector(*extra: str, level: bool = True) -> str:
     """The stream selector of the Logs dashboard, from its variables."""
     matchers = [

@@ -6,6 +6,7 @@ from grafana.builder.panels import Layout, dashboard
 from grafana.builder.queries import (
     ERRORS,
     loki_selector,
+    uid_from_tenant,
 )
 from grafana.builder.targets import Json, loki_target
 from grafana.builder.variables import loki_variable, textbox_variable
@@ -71,10 +72,11 @@ def build() -> Json:
     )
     ly.table(
         "Errors per node",
-        "Error and critical lines per node in the time range.",
+        "Error and critical lines per node in the time range. The uid is the node's credential's (its Loki "
+        "tenant) where Loki has one tenant per node, as in production; role and host are what the node wrote.",
         loki_target(
             "A",
-            f"sum by (uid, role, host) (count_over_time({errors} [$__range]))",
+            f"sum by (uid, role, host) ({uid_from_tenant(f'count_over_time({errors} [$__range])')})",
             instant=True,
         ),
     )
