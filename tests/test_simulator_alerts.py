@@ -209,3 +209,30 @@ def test_a_prometheus_rule_query_runs_instant_at_its_window_end_with_the_window_
     assert al.run_query(query, None, None, 1_000_000, None) is None  # no VictoriaMetrics in this run
     with pytest.raises(ValueError, match="only instant"):
         al.run_query({**query, "model": {**query["model"], "instant": False}}, None, None, 1_000_000, Store())
+
+
+def test_with_a_tenant_per_node_every_log_query_and_the_log_rule_read_every_tenant(
+    influx_db: tuple[InfluxV1, str], tmp_path: Path
+) -> None:
+    """Production's Loki: each node pushes into its own tenant; the queries name all of them, joined by '|'."""
+    server, database = influx_db
+    metrics = ["--influxdb-url", server.url, "--influxdb-api-version", "1", "--influxdb-database", database]
+    with LokiReceiver(auth_enabled=True, multi_tenant_queries_enabled=True) as loki:
+        sources = {
+            "influxdb": InfluxSource(server.url, database, min_interval=timedelta(seconds=1)),
+            "loki": LokiSource(loki, min_interval=timedelta(seconds=1)),
+        }
+        with GrafanaReceiver(sources, token="glsa_test_token") as grafana:
+            stack = [*metrics, "--loki-url", loki.base_url, "--loki-query-url", grafana.url, "--loki-tenant-per-node"]
+            code, report = simulate(stack, tmp_path, "--fault", "error-burst:uid=9@3")
+        entries = loki.entries
+    assert code == 0, report["summary"]
+    assert {e.tenant for e in entries} == {str(uid) for uid in range(10)}
+    assert all(e.tenant == e.labels["uid"] for e in entries)
+    loki_queries = [q for q in report["queries"] if q["datasource"] == "loki"]
+    assert loki_queries and {q["status"] for q in loki_queries} <= {"OK", "SKIPPED"}, loki_queries
+    lines = [row for row in report["delivery"] if row["store"] == "loki"]
+    assert lines and all(row["stored"] == row["sent"] for row in lines), lines
+    alerts = by_uid(report)
+    assert {uid for uid, a in alerts.items() if a["status"] == al.FIRING} == {"telemetry-log-errors"}
+    assert {i["labels"]["uid"] for i in alerts["telemetry-log-errors"]["instances"]} == {"9"}
