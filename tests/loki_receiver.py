@@ -130,6 +130,31 @@ class Limits:
     max_global_streams_per_user: int | None = None  # active streams per tenant (Loki: 5000)
 
     @classmethod
+    def from_limits_config(cls, config: dict[str, Any], **overrides: Any) -> Limits:
+        """The push limits of a Loki `limits_config` mapping (as a role renders it), over the receiver's defaults.
+
+        Sizes are flagext.ByteSize strings ("64KB", "2MB": KB is 1024 bytes); the
+        `*_mb` rates and bursts are MiB (pkg/validation/limits.go bytesInMB).
+        """
+        sizes = {
+            "max_line_size": "max_line_size",
+            "per_stream_rate_limit": "per_stream_rate_bytes",
+            "per_stream_rate_limit_burst": "per_stream_burst_bytes",
+        }
+        values: dict[str, Any] = {}
+        for key, value in config.items():
+            if key in sizes:
+                values[sizes[key]] = _byte_size(value)
+            elif key == "ingestion_rate_mb":
+                values["ingestion_rate_bytes"] = float(value) * MB
+            elif key == "ingestion_burst_size_mb":
+                values["ingestion_burst_bytes"] = int(float(value) * MB)
+            elif key in ("max_global_streams_per_user", "max_label_names_per_series"):
+                values[key] = int(value)
+        values.update(overrides)
+        return cls(**values)
+
+    @classmethod
     def loki_defaults(cls, **overrides: Any) -> Limits:
         """Loki 3.x's defaults, with `overrides`."""
         values: dict[str, Any] = dict(
@@ -144,6 +169,14 @@ class Limits:
         )
         values.update(overrides)
         return cls(**values)
+
+
+def _byte_size(text: str | int) -> int:
+    """c2h5oh/datasize's parse of a flagext.ByteSize ("256KB", "3MB", "1024"): units of 1024."""
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)B?\s*", str(text), re.I)
+    if found is None:
+        raise ValueError(f"not a byte size: {text!r}")
+    return int(float(found.group(1)) * 1024 ** " KMGT".index(found.group(2).upper() or " "))
 
 
 class TokenBucket:

@@ -10,7 +10,8 @@ The nodes' identities come from the inventory (telemetry_node_identities):
 - a wrong or unknown credential gets 401 and reaches no upstream;
 - a path that Caddy cleans into a write path (/api/v2/delete/../write) reaches
   the upstream as the fixed write path only; other paths are not found;
-- the client's X-Scope-OrgID never reaches Loki, nor its own push path or query;
+- a node's pushes land in its own Loki tenant (its uid), whatever X-Scope-OrgID,
+  labels, path or query it sends; a node that floods is limited alone;
 - the access log names the node of every request, and never holds a secret.
 """
 
@@ -25,7 +26,8 @@ import time
 from pathlib import Path
 
 import pytest
-from loki_receiver import LokiReceiver
+import yaml
+from loki_receiver import Limits, LokiReceiver
 from servers import victoria_metrics
 from test_victoriametrics_deploy import LOGS_DOMAIN, MetricsProxy, _logger, _samples
 
@@ -33,6 +35,11 @@ pytestmark = pytest.mark.slow  # runs Caddy, VictoriaMetrics and ansible-playboo
 
 IDENTITIES = {"miner-01": {"uid": "m1", "role": "miner"}, "validator-01": {"uid": "v1", "role": "validator"}}
 NODES = ["miner-01", "validator-01", "miner-02"]  # miner-02: no identity given, stored as uid miner-02, role miner
+REPO = Path(__file__).resolve().parents[1]
+# Each node's Loki budget, as the loki role deploys it (limits_config applies to each tenant).
+NODE_BUDGET = Limits.from_limits_config(
+    yaml.safe_load((REPO / "ansible/roles/loki/defaults/main.yml").read_text())["loki_ingestion_limits"]
+)
 
 
 def _request(
@@ -68,7 +75,7 @@ def _labels(server, match: str) -> list[dict[str, str]]:
 @pytest.fixture
 def edge(tmp_path):
     """VictoriaMetrics and the Loki receiver behind the rendered proxy, with the identities above."""
-    with victoria_metrics() as server, LokiReceiver() as loki:
+    with victoria_metrics() as server, LokiReceiver(auth_enabled=True, limits=NODE_BUDGET) as loki:
         proxy = MetricsProxy(tmp_path, [server.url.removeprefix("http://")])
         proxy.converge(
             NODES,
@@ -169,7 +176,7 @@ def test_wrong_credentials_and_other_paths_never_reach_victoriametrics(edge):
 
 
 @pytest.mark.timeout(900)
-def test_loki_pushes_lose_the_clients_tenant_and_path(edge):
+def test_loki_pushes_land_in_the_nodes_own_tenant_whatever_it_sends(edge):
     proxy, _, loki = edge
     body = _push_body()
     headers = {"Content-Type": "application/json", "X-Scope-OrgID": "validator-01"}
@@ -184,8 +191,43 @@ def test_loki_pushes_lose_the_clients_tenant_and_path(edge):
     assert len(requests) == 2
     for request in requests:
         assert request.path == "/loki/api/v1/push"
-        assert not {"x-scope-orgid", "authorization"} & {name.lower() for name in request.headers}
-    assert {entry.tenant for entry in loki.entries} == {None}
+        headers = {name.lower(): value for name, value in request.headers.items()}
+        assert "authorization" not in headers and headers["x-scope-orgid"] == "m1"
+    # miner-01 is uid m1: its lines are in its tenant, though it wrote uid=v1 and asked for validator-01's.
+    assert {(entry.tenant, entry.labels["uid"]) for entry in loki.entries} == {("m1", "v1")}
+
+
+@pytest.mark.timeout(900)
+def test_a_node_that_floods_loki_is_refused_alone_and_the_others_lose_no_line(edge):
+    """One node pushes many times its budget; another, interleaved, gets every push stored."""
+    proxy, _, loki = edge
+    budget = NODE_BUDGET.ingestion_burst_bytes
+    assert budget is not None and NODE_BUDGET.ingestion_rate_bytes is not None
+    line = "x" * 1000
+    count = int(budget * 0.45) // len(line)  # two such pushes fit the burst, a third does not
+    entries = [[str(time.time_ns() + i), line] for i in range(count)]
+    flood = json.dumps({"streams": [{"stream": {"service": "f"}, "values": entries}]}).encode()
+    flooder = {"Content-Type": "application/json", "Authorization": _loki_login(proxy, "miner-01")}
+    quiet = {"Content-Type": "application/json", "Authorization": _loki_login(proxy, "miner-02")}
+    flood_answers, quiet_answers = [], []
+    started = time.monotonic()
+    for i in range(10):
+        flood_answers.append(_request(proxy, LOGS_DOMAIN, "POST", "/loki/api/v1/push", flooder, flood))
+        values = [[str(time.time_ns() + j), f"quiet {i} {j}"] for j in range(10)]
+        body = json.dumps({"streams": [{"stream": {"service": "q"}, "values": values}]}).encode()
+        quiet_answers.append(_request(proxy, LOGS_DOMAIN, "POST", "/loki/api/v1/push", quiet, body))
+    elapsed = time.monotonic() - started
+    sent = 10 * count * len(line)
+    allowed = budget + NODE_BUDGET.ingestion_rate_bytes * elapsed
+    assert sent > 3 * allowed  # the flooder asked for several times what its budget allows in the time
+    assert quiet_answers == [204] * 10
+    assert 429 in flood_answers and flood_answers[:2] == [204, 204]
+    stored = [e for e in loki.entries if e.tenant == "miner-02"]
+    assert len(stored) == 100 and {e.labels["service"] for e in stored} == {"q"}
+    refused = [r for r in loki.requests if r.status == 429]
+    tenants = [{k.lower(): v for k, v in r.headers.items()}["x-scope-orgid"] for r in refused]
+    assert tenants and set(tenants) == {"m1"}
+    assert all("for user m1 " in r.message for r in refused)
 
 
 @pytest.mark.timeout(900)

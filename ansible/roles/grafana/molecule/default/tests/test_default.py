@@ -87,6 +87,8 @@ def test_environment_holds_the_settings(host):
     assert env["GF_USERS_ALLOW_SIGN_UP"] == "false"
     assert env["INFLUXDB_URL"] == "http://influxdb:8086"
     assert env["LOKI_URL"] == "http://loki:3100"
+    # Every listed node's Loki tenant (its uid, else its name), the edge's and the operator login's.
+    assert env["LOKI_TENANTS"] == "7|miner-02|_edge|ops-tool"
     assert all(value for value in env.values()), env.keys()
 
 

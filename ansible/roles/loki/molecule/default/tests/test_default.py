@@ -47,13 +47,23 @@ def test_config_is_the_compose_config_with_production_values(host):
     expected = _merge(
         base,
         {
-            "auth_enabled": False,
+            "auth_enabled": True,
+            "querier": {"multi_tenant_queries_enabled": True},
+            "runtime_config": {"file": "/etc/loki/overrides.yml", "period": "10s"},
             "limits_config": {**production, "retention_period": "336h", "ingestion_rate_mb": 32},
             "compactor": {"retention_enabled": True},
             "analytics": {"reporting_enabled": False},
         },
     )
     assert rendered == expected
+
+
+def test_per_tenant_overrides_are_written_for_lokis_runtime_configuration(host):
+    overrides = host.file(DIR + "/overrides.yml")
+    assert overrides.mode == 0o640 and overrides.user == "root" and overrides.gid == 10001
+    defaults = yaml.safe_load((REPO / "ansible/roles/loki/defaults/main.yml").read_text())["loki_tenant_overrides"]
+    assert yaml.safe_load(overrides.content_string) == {"overrides": defaults}
+    assert set(defaults) == {"_edge"}  # the proxy's access log: every node's requests
 
 
 def test_data_directory_belongs_to_loki(host):
@@ -71,6 +81,12 @@ def test_container_mounts_the_rendered_files(host):
     mounts = {m["target"]: m for m in service["volumes"]}
     assert mounts["/etc/loki/loki.yml"]["source"] == DIR + "/loki.yml"
     assert mounts["/etc/loki/loki.yml"]["read_only"] is True
+    assert mounts["/etc/loki/overrides.yml"] == {
+        "type": "bind",
+        "source": DIR + "/overrides.yml",
+        "target": "/etc/loki/overrides.yml",
+        "read_only": True,
+    }
     assert mounts["/loki"]["source"] == DIR + "/data"
     assert service["command"] == ["-config.file=/etc/loki/loki.yml"]
     for mount in service["volumes"]:

@@ -73,7 +73,8 @@ def test_loki_exposes_only_the_push_api_behind_the_nodes_logins(host):
     assert "basic_auth @stranger {" in push
     assert "ops-tool $2b$12$" in push
     assert "reverse_proxy loki:3100" in push
-    assert "header_up -X-Scope-OrgID" in push
+    # The tenant is the node's uid from the credential map, never the client's header.
+    assert "header_up X-Scope-OrgID {telemetry.node.tenant}" in push
     fallback = site[site.index("\thandle {") :]
     assert "respond 404" in fallback
     assert "reverse_proxy" not in fallback
