@@ -289,9 +289,8 @@ def test_queries_read_the_tenants_they_name_and_label_each_result_with_its_tenan
         assert label_values("__tenant_id__", "", entries, NOW - 1, NOW + 1, both) == ["1", "2"]
         with pytest.raises(TenantError, match="no org id"):
             tenant_view(receiver, None)
-    with LokiReceiver(auth_enabled=True) as single:
-        with pytest.raises(TenantError, match="multiple org IDs present"):
-            tenant_view(single, "1|2")
+    with LokiReceiver(auth_enabled=True) as single, pytest.raises(TenantError, match="multiple org IDs present"):
+        tenant_view(single, "1|2")
 
 
 # ---- what a real Loki does beyond validation ---------------------------------------------
