@@ -260,3 +260,23 @@ def test_the_access_log_names_the_node_and_holds_no_secret(edge):
         assert secret not in text
     # The log directory is root's alone on the host (Caddy 2.6 creates the files 0644 under umask 022).
     assert proxy.logs.stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    ("identities", "users"),
+    [
+        ({"miner-01": {"uid": "7"}, "miner-02": {"uid": "7"}}, []),  # one tenant for two nodes
+        ({"miner-01": {"uid": "miner-02"}}, []),  # miner-02 has no identity: its uid is its name
+        ({"miner-01": {"uid": "7"}}, [{"username": "7", "password_hash": "$2b$12$" + "x" * 53}]),
+    ],
+)
+def test_a_uid_shared_by_two_nodes_or_by_an_operator_login_is_refused(tmp_path, identities, users):
+    proxy = MetricsProxy(tmp_path, ["127.0.0.1:1"])
+    with pytest.raises(AssertionError, match="needs its own uid"):
+        proxy.converge(
+            ["miner-01", "miner-02"],
+            telemetry_node_identities=identities,
+            reverse_proxy_loki_users=users,
+            reverse_proxy_loki_domain=LOGS_DOMAIN,
+        )
