@@ -9,6 +9,7 @@ whose query API tests/grafana_receiver.py serves (--loki-query-url).
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -149,6 +150,43 @@ def test_counts_are_the_points_one_logger_wrote(store: VictoriaMetrics, written:
         measurement: 0,
         "training_step": 0,
     }
+
+
+# MetricsQL's duration units (github.com/VictoriaMetrics/metricsql, lexer.go: DurationValue), in milliseconds.
+_DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+_DURATION_UNITS_MS["y"] = 365 * _DURATION_UNITS_MS["d"]
+
+
+def _latency_offset_ms(value: str) -> int:
+    """`value` in ms as VictoriaMetrics v1.136.0 reads it: seconds as a number, else a MetricsQL duration
+    (lib/httputil/duration.go, GetDuration)."""
+    try:
+        return int(float(value) * 1e3)
+    except ValueError:
+        assert re.fullmatch(r"(\d+(\.\d+)?(ms|[smhdwy]))+", value), f"not a duration VictoriaMetrics parses: {value!r}"
+        pairs = re.findall(r"(\d+(?:\.\d+)?)(ms|[smhdwy])", value)
+        return int(sum(float(number) * _DURATION_UNITS_MS[unit] for number, unit in pairs))
+
+
+def test_every_query_asks_for_a_latency_offset_the_pinned_release_accepts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """v1.136.0 answers latency_offset outside [1ms, 100 years] with 422 (lib/httputil/duration.go); 1.79.5
+    ignores the argument, so a test against it alone could not tell."""
+    sent: list[dict[str, str]] = []
+
+    def answer(url: str, params: dict[str, str], headers: dict, timeout: float) -> tuple[int, bytes]:
+        sent.append(params)
+        return 200, b'{"status": "success", "data": {"resultType": "vector", "result": []}}'
+
+    monkeypatch.setattr(vm, "_http", answer)
+    source = vm.PromQL("http://127.0.0.1:1")
+    now = datetime.now(UTC)
+    window = dash.TimeRange(now - timedelta(minutes=5), now)
+    source.run(_query("up"), "up", window, timedelta(seconds=15))
+    source.run(_query("up", instant=True), "up", window, timedelta(seconds=15))
+    assert len(sent) == 2
+    for params in sent:
+        assert params["nocache"] == "1"
+        assert 1 <= _latency_offset_ms(params["latency_offset"]) <= 100 * 365 * 24 * 3600 * 1000, params
 
 
 def test_regex_and_string_escapes_keep_a_run_id_literal() -> None:
