@@ -177,8 +177,8 @@ class VictoriaMetrics:
 
 
 @contextmanager
-def victoria_metrics() -> Iterator[VictoriaMetrics]:
-    """Start Debian's victoria-metrics on a free loopback port."""
+def victoria_metrics(*flags: str) -> Iterator[VictoriaMetrics]:
+    """Start Debian's victoria-metrics on a free loopback port, with further command-line `flags`."""
     binary = require_binary("victoria-metrics")
     with tempfile.TemporaryDirectory(prefix="victoria-") as tmp:
         port = free_port()
@@ -188,6 +188,7 @@ def victoria_metrics() -> Iterator[VictoriaMetrics]:
             f"-storageDataPath={tmp}/data",
             f"-httpListenAddr=127.0.0.1:{port}",
             "-search.latencyOffset=0s",
+            *flags,
         ]
         with _running(argv, f"{url}/health", Path(tmp)):
             yield VictoriaMetrics(url)
