@@ -118,12 +118,18 @@ random_secret() {
 # the directory's owner can reach it on this machine. The secrets of both
 # backends are written, so that switching needs no new setup.
 # victoriametrics_node_token is the nodes' write token for VictoriaMetrics; only
-# this script reads it (into vmauth_config and node.env).
+# this script reads it (into vmauth_config and node.env). The vmauth_*_auth_key
+# files are the keys of vmauth's own endpoints (?authKey=...), read by vmauth as
+# root (docker-compose.victoriametrics.yml).
 SECRETS=(
   "influxdb_admin_password 32 0600"
   "influxdb_admin_token 64 0600"
   "grafana_admin_password 32 0644"
   "victoriametrics_node_token 64 0600"
+  "vmauth_metrics_auth_key 32 0600"
+  "vmauth_flags_auth_key 32 0600"
+  "vmauth_pprof_auth_key 32 0600"
+  "vmauth_reload_auth_key 32 0600"
 )
 
 # Writes every missing secret file. A value an older stack.sh kept in the env

@@ -36,6 +36,13 @@ LEVEL_WEIGHTS: tuple[tuple[str, float], ...] = (
 )
 
 
+NS_PER_MS = 1_000_000
+# A series of one node: its measurement and the point's own tags (the logger's standard tags are the node's).
+SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
+# The series of the `system` point the client adds to a point logged with_system_metrics (same timestamp).
+SYSTEM_SERIES: SeriesKey = ("system", ())
+
+
 class MetricsSink(Protocol):
     """The part of MetricsLogger a node uses (a recorder stands in for it in unit tests)."""
 
@@ -202,6 +209,7 @@ class SimNode:
         self.step = 0
         self.window = -1
         self._last_ts = 0
+        self._last_ms: dict[SeriesKey, int] = {}  # the millisecond of each series' latest point
         self.points = 0
         self.lines = 0
         self.peers = [u for u in plan.miner_uids if u != spec.uid] or [spec.uid]
@@ -238,18 +246,32 @@ class SimNode:
 
     # ---------------------------------------------------------------- metrics
 
-    def _timestamp(self) -> int:
-        """Now, in ns, strictly increasing per node: two points of one series never share a time."""
-        ts = time.time_ns()
-        if ts <= self._last_ts:
-            ts = self._last_ts + 1
+    def _timestamp(self, series: Sequence[SeriesKey]) -> int:
+        """Now, in ns, strictly increasing per node, and in a millisecond none of `series` has had yet.
+
+        VictoriaMetrics stores milliseconds, and a replicated cluster's deduplication
+        (-dedup.minScrapeInterval=1ms) keeps one sample of a series per millisecond
+        (docs/scaling.md): a point that shared its series' last millisecond would be
+        lost there, so it moves to the next one. Only a series logged more than 1,000
+        times a second runs ahead of the clock.
+        """
+        ts = max(time.time_ns(), self._last_ts + 1)
+        for key in series:
+            taken = self._last_ms.get(key)
+            if taken is not None and ts // NS_PER_MS <= taken:
+                ts = (taken + 1) * NS_PER_MS
+        for key in series:
+            self._last_ms[key] = ts // NS_PER_MS
         self._last_ts = ts
         return ts
 
     def _log(
         self, measurement: str, fields: Mapping[str, Any], tags: Mapping[str, str] | None = None, system: bool = False
     ) -> None:
-        self.metrics.log(measurement, tags, fields, timestamp=self._timestamp(), with_system_metrics=system)
+        series = [(measurement, tuple(sorted(tags.items())) if tags else ())]
+        if system:
+            series.append(SYSTEM_SERIES)  # the client writes its `system` sample with this point's timestamp
+        self.metrics.log(measurement, tags, fields, timestamp=self._timestamp(series), with_system_metrics=system)
         self.points += 1
 
     def tick(self) -> int:

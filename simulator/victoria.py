@@ -20,8 +20,9 @@ asked not to (app/vmselect/prometheus/prometheus.go: an instant query's time is
 moved back by `-search.latencyOffset`, 30 s by default, unless `nocache=1`; a range
 query's points within that offset are replaced by the one before, unless
 `latency_offset` says otherwise, which releases after 1.79 honour). The simulator
-validates right after its load, so it sends `nocache=1` and `latency_offset=0s`:
-what it checks is the data, not the store's display delay.
+validates right after its load, so it sends `nocache=1` and the smallest
+`latency_offset` there is (FRESH): what it checks is the data, not the store's
+display delay.
 """
 
 from __future__ import annotations
@@ -41,7 +42,11 @@ from simulator.grafana_api import GrafanaClient
 from simulator.validate import EMPTY, ERROR, MAX_DATA_POINTS, OK, Outcome, _grafana_result, _http, _message
 
 # The query arguments that make just-written samples visible (see the module docstring).
-FRESH = {"nocache": "1", "latency_offset": "0s"}
+# latency_offset must be 1 ms or more: v1.136.0 answers 0 with 422 "latency_offset=0ms is
+# out of allowed range [1ms ... 3153600000000ms]" (VictoriaMetrics lib/httputil/duration.go,
+# GetDuration, tag v1.136.0; its own vmalert-tool sends "1ms" with nocache=1 for the same
+# purpose: app/vmalert-tool/unittest/recording.go). 1.79.5 ignores the argument.
+FRESH = {"nocache": "1", "latency_offset": "1ms"}
 # -search.latencyOffset's default: how long the newest samples stay hidden from queries without FRESH.
 LATENCY_OFFSET_SECONDS = 30.0
 # Grafana's Prometheus variable query forms (metric_find_query.ts).

@@ -43,6 +43,27 @@ def require_binary(name: str) -> str:
     raise AssertionError("unreachable")
 
 
+def bind_caddy_to_loopback(caddyfile: Path) -> None:
+    """Add `default_bind 127.0.0.1` to a Caddyfile's global options.
+
+    Caddy listens on every interface for a site without a bind address; a test's
+    Caddy listens on loopback only (the file must start its global options with
+    `admin`, as the reverse_proxy role renders them).
+    """
+    text = caddyfile.read_text()
+    assert text.count("\n{\n\tadmin ") == 1, text[:400]
+    caddyfile.write_text(text.replace("\n{\n\tadmin ", "\n{\n\tdefault_bind 127.0.0.1\n\tadmin ", 1))
+
+
+def listening_addresses(pid: int) -> set[str]:
+    """The IP addresses process `pid` listens on (TCP)."""
+    import psutil
+
+    process = psutil.Process(pid)
+    connections = getattr(process, "net_connections", process.connections)(kind="tcp")  # psutil < 6: connections
+    return {c.laddr.ip for c in connections if c.status == psutil.CONN_LISTEN}
+
+
 def _wait_until_up(url: str, process: subprocess.Popen, log: Path, deadline_s: float = 30) -> None:
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
@@ -177,8 +198,8 @@ class VictoriaMetrics:
 
 
 @contextmanager
-def victoria_metrics() -> Iterator[VictoriaMetrics]:
-    """Start Debian's victoria-metrics on a free loopback port."""
+def victoria_metrics(*flags: str) -> Iterator[VictoriaMetrics]:
+    """Start Debian's victoria-metrics on a free loopback port, with further command-line `flags`."""
     binary = require_binary("victoria-metrics")
     with tempfile.TemporaryDirectory(prefix="victoria-") as tmp:
         port = free_port()
@@ -188,6 +209,7 @@ def victoria_metrics() -> Iterator[VictoriaMetrics]:
             f"-storageDataPath={tmp}/data",
             f"-httpListenAddr=127.0.0.1:{port}",
             "-search.latencyOffset=0s",
+            *flags,
         ]
         with _running(argv, f"{url}/health", Path(tmp)):
             yield VictoriaMetrics(url)

@@ -44,6 +44,10 @@ SECRET_NAMES = (
     "influxdb_admin_token",
     "grafana_admin_password",
     "victoriametrics_node_token",
+    "vmauth_metrics_auth_key",
+    "vmauth_flags_auth_key",
+    "vmauth_pprof_auth_key",
+    "vmauth_reload_auth_key",
 )
 SECRETS = {name: secrets.token_hex(12) for name in SECRET_NAMES}
 # vmauth's configuration, which stack.sh renders from victoriametrics_node_token.

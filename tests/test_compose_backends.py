@@ -57,6 +57,42 @@ STORES = {
     "influxdb": {"influxdb"},
     "victoriametrics": {"victoriametrics-volume-init", "victoriametrics", "vmauth"},
 }
+# vmauth's answer to a token it does not know, by release (VictoriaMetrics app/vmauth/main.go):
+# tag v1.79.5 (Debian's) answers 400 "cannot find the provided auth token %q in config";
+# tag v1.136.0 (versions.env) 401 "Unauthorized" (requestHandler, -logInvalidAuthTokens off).
+# Refused either way; the tests accept each and say which release answered.
+UNKNOWN_TOKEN_ANSWERS = {
+    "v1.79.5": (400, "cannot find the provided auth token"),
+    "v1.136.0": (401, "Unauthorized"),
+}
+
+
+def unknown_token_release(status: int, text: str) -> str:
+    """The release whose answer to an unknown token `status` and `text` are; fails on any other answer."""
+    for release, (expected_status, words) in UNKNOWN_TOKEN_ANSWERS.items():
+        if status == expected_status and words in text:
+            return release
+    raise AssertionError(f"not vmauth's answer to an unknown token in any known release: {status} {text!r}")
+
+
+# vmauth's own endpoints, the flag whose key each needs as ?authKey=..., and the secret file holding it
+# (compose/docker-compose.victoriametrics.yml). The flags are VictoriaMetrics lib/httpserver/httpserver.go's
+# (metricsAuthKey, flagsAuthKey, pprofAuthKey) and app/vmauth/main.go's (reloadAuthKey), at tags v1.79.5
+# and v1.136.0 alike.
+AUTH_KEY_ENDPOINTS = {
+    "/metrics": "metricsAuthKey",
+    "/flags": "flagsAuthKey",
+    "/debug/pprof/": "pprofAuthKey",
+    "/-/reload": "reloadAuthKey",
+}
+AUTH_KEY_FILES = {
+    "metricsAuthKey": "vmauth_metrics_auth_key",
+    "flagsAuthKey": "vmauth_flags_auth_key",
+    "pprofAuthKey": "vmauth_pprof_auth_key",
+    "reloadAuthKey": "vmauth_reload_auth_key",
+}
+
+
 # Where Grafana's provisioning, dashboards and alert rules come from, per backend.
 GRAFANA_SOURCES = {
     "influxdb": {
@@ -149,10 +185,13 @@ def test_victoriametrics_runs_confined_with_its_retention_and_only_vmauth_publis
     assert "-storageDataPath=/victoria-metrics-data" in vm["command"]
     assert "-retentionPeriod=30d" in vm["command"]
     assert seconds(vm["stop_grace_period"]) >= 30
-    # vmauth only reads its configuration (0600, yours): DAC_READ_SEARCH and nothing else.
+    # vmauth only reads its configuration and keys (0600, yours): DAC_READ_SEARCH and nothing else.
     assert vmauth["cap_add"] == ["DAC_READ_SEARCH"]
-    assert [s["source"] for s in vmauth["secrets"]] == ["vmauth_config"]
+    assert sorted(s["source"] for s in vmauth["secrets"]) == sorted(["vmauth_config", *AUTH_KEY_FILES.values()])
     assert "-auth.config=/run/secrets/vmauth_config" in vmauth["command"]
+    # Each of vmauth's own endpoints needs its key, which the flag reads from its secret file.
+    for flag, name in AUTH_KEY_FILES.items():
+        assert f"-{flag}=file:///run/secrets/{name}" in vmauth["command"], flag
     assert "secrets" not in vm
     for name in ("victoriametrics", "vmauth"):
         test = services[name]["healthcheck"]["test"]
@@ -214,6 +253,13 @@ def test_victoriametrics_env_step_writes_private_random_settings_for_nodes_and_v
     for path in (secrets / "victoriametrics_node_token", secrets / "vmauth_config", node_env):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path.name
     assert token not in env_file.read_text()
+    # The keys of vmauth's own endpoints: random, one each, 0600, in no other file.
+    keys = {name: (secrets / name).read_text() for name in AUTH_KEY_FILES.values()}
+    assert len(set(keys.values())) == len(keys) and all(len(k) >= 32 and k.isalnum() for k in keys.values())
+    for name, key in keys.items():
+        assert stat.S_IMODE((secrets / name).stat().st_mode) == 0o600, name
+        for other in (env_file, node_env, secrets / "vmauth_config"):
+            assert key not in other.read_text(), (name, other.name)
 
     # vmauth: the node token reaches the two write paths of the compose service, and only them.
     auth = yaml.safe_load((secrets / "vmauth_config").read_text())
@@ -549,6 +595,18 @@ class WritePath:
     vm_url: str
     auth_url: str
     node: dict[str, str]  # compose/node.env as stack.sh wrote it (its port is the compose default)
+    auth_keys: dict[str, str]  # the key of each of vmauth's own endpoints, by flag (AUTH_KEY_FILES)
+
+
+def reads_flag_files(vmauth_binary: str) -> bool:
+    """Whether this vmauth reads an -<flag>AuthKey=file://... value from the file, as tag v1.136.0 does.
+
+    VictoriaMetrics lib/flagutil/password.go (v1.136.0) says so in each such flag's
+    help; 1.79.5's flags are plain strings (lib/httpserver/httpserver.go), which
+    would take "file://..." as the key itself.
+    """
+    help_text = subprocess.run([vmauth_binary, "-help"], capture_output=True, text=True, timeout=60).stdout
+    return "-metricsAuthKey=file:///abs/path/to/file" in help_text
 
 
 @contextmanager
@@ -572,7 +630,7 @@ def victoriametrics_behind_vmauth(tmp_path: Path) -> Iterator[WritePath]:
         # vmauth: the compose command and stack.sh's configuration, which names the
         # compose service (victoriametrics:8428): here it is on loopback.
         auth_flags = flag_values(services["vmauth"]["command"])
-        assert set(auth_flags) == {"auth.config", "httpListenAddr"}
+        assert set(auth_flags) == {"auth.config", "httpListenAddr", *AUTH_KEY_FILES}
         rendered = (tmp_path / "secrets" / "vmauth_config").read_text()
         assert rendered.count("http://victoriametrics:8428") == 1
         config = work / "vmauth.yml"
@@ -580,6 +638,15 @@ def victoriametrics_behind_vmauth(tmp_path: Path) -> Iterator[WritePath]:
         auth_port = free_port()
         auth_flags.update({"auth.config": str(config), "httpListenAddr": f"127.0.0.1:{auth_port}"})
         auth_url = f"http://127.0.0.1:{auth_port}"
+        # The endpoints' keys: the files stack.sh wrote, named as compose names them; a
+        # release without file:// values (1.79.5) gets each file's content instead.
+        from_files = reads_flag_files(vmauth_binary)
+        auth_keys = {}
+        for flag, name in AUTH_KEY_FILES.items():
+            assert auth_flags[flag] == f"file:///run/secrets/{name}"
+            secret = tmp_path / "secrets" / name
+            auth_keys[flag] = secret.read_text()
+            auth_flags[flag] = f"file://{secret}" if from_files else auth_keys[flag]
         vm_dir, auth_dir = work / "vm", work / "vmauth"
         vm_dir.mkdir()
         auth_dir.mkdir()
@@ -587,7 +654,7 @@ def victoriametrics_behind_vmauth(tmp_path: Path) -> Iterator[WritePath]:
             _running([vm_binary, *(f"-{k}={v}" for k, v in vm_flags.items())], f"{vm_url}/health", vm_dir),
             _running([vmauth_binary, *(f"-{k}={v}" for k, v in auth_flags.items())], f"{auth_url}/health", auth_dir),
         ):
-            yield WritePath(vm_url, auth_url, node)
+            yield WritePath(vm_url, auth_url, node, auth_keys)
 
 
 @pytest.mark.timeout(300)
@@ -598,15 +665,15 @@ def test_the_node_token_writes_through_vmauth_and_nothing_else(tmp_path: Path, m
         token = node["INFLUXDB_TOKEN"]
         auth_port = auth_url.rsplit(":", 1)[1]
         # No credential: vmauth answers 401 before anything reaches VictoriaMetrics
-        # (app/vmauth/main.go: "missing `Authorization` request header").
+        # (app/vmauth/main.go: "missing `Authorization` request header" at tag v1.79.5,
+        # "missing 'Authorization' request header" at v1.136.0; 401 in both).
         status, _ = http(f"{auth_url}/api/v2/write?bucket=telemetry", b"nocred,uid=1 loss=1")
         assert status == 401
-        # A wrong token: 400 "cannot find the provided auth token" on 1.79, 401 on
-        # newer releases (app/vmauth/main.go): refused either way.
-        status, _ = http(
+        # A wrong token: refused, with the answer of one of the releases (UNKNOWN_TOKEN_ANSWERS).
+        status, body = http(
             f"{auth_url}/api/v2/write?bucket=telemetry", b"wrongtoken,uid=1 loss=1", {"Authorization": "Token x"}
         )
-        assert status in (400, 401)
+        release = unknown_token_release(status, body)
 
         # The node's settings, as a node loads node.env, with vmauth's port of this test.
         for key, value in {**node, "INFLUXDB_PORT": str(auth_port)}.items():
@@ -636,11 +703,13 @@ def test_the_node_token_writes_through_vmauth_and_nothing_else(tmp_path: Path, m
         stats = stranger.stats()
         stranger.close(5)
         assert stats["sent"] == 0 and stats["dropped"] == 1, stats
-        assert "auth token" in stats["last_error"], stats
+        # The client's last error is vmauth's answer, the same release's as above.
+        status, words = UNKNOWN_TOKEN_ANSWERS[release]
+        assert stats["last_error"].startswith(f"HTTP {status}: ") and words in stats["last_error"], stats
         assert exported(vm_url, '{__name__=~"(nocred|wrongtoken|vmstranger)_.*"}') == []
 
         # The node token may not read or delete: vmauth has no route for it
-        # (app/vmauth/main.go: "missing route for ...").
+        # (400 "missing route for ...": app/vmauth/target_url.go at tag v1.79.5, main.go at v1.136.0).
         node_auth = {"Authorization": f"Token {token}"}
         for path in (
             "/api/v1/query?query=vmbackend_loss",
@@ -650,6 +719,32 @@ def test_the_node_token_writes_through_vmauth_and_nothing_else(tmp_path: Path, m
             status, body = http(auth_url + path, headers=node_auth)
             assert status == 400 and "missing route" in body, (path, status, body)
         assert len(exported(vm_url, "vmbackend_loss")) == 1  # still there
+
+
+@pytest.mark.timeout(300)
+def test_vmauths_own_endpoints_refuse_anyone_without_their_key(tmp_path: Path) -> None:
+    """/metrics (it names the users), /flags, /debug/pprof/ and /-/reload answer only with their own key.
+
+    Without a key, or with another endpoint's or the node token as one: 401 in both releases,
+    except /-/reload on 1.79.5, which answers 400 "invalid authKey" (app/vmauth/main.go, tag
+    v1.79.5; CheckAuthFlag's 401 at v1.136.0). Every refusal names the flag that holds the key.
+    """
+    with victoriametrics_behind_vmauth(tmp_path) as path:
+        token = path.node["INFLUXDB_TOKEN"]
+        for endpoint, flag in AUTH_KEY_ENDPOINTS.items():
+            others = [key for other, key in path.auth_keys.items() if other != flag]
+            for query in ["", "?authKey=", f"?authKey={token}", *(f"?authKey={key}" for key in others)]:
+                for headers in ({}, {"Authorization": f"Token {token}"}):
+                    status, body = http(path.auth_url + endpoint + query, headers=headers)
+                    refused = status == 401 or (endpoint == "/-/reload" and status == 400)
+                    assert refused and f"-{flag}" in body, (endpoint, query, headers, status, body)
+            status, body = http(f"{path.auth_url}{endpoint}?authKey={path.auth_keys[flag]}")
+            assert status == 200, (endpoint, status, body)
+        status, body = http(f"{path.auth_url}/metrics?authKey={path.auth_keys['metricsAuthKey']}")
+        assert 'username="node"' in body  # what the key keeps from strangers
+        # Writes still go through.
+        status, _ = http(f"{path.auth_url}/api/v2/write", b"", {"Authorization": f"Token {token}"})
+        assert status == 204
 
 
 # ---------------------------------------------------------------- real stack

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import time
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -258,6 +259,68 @@ def test_role_specific_tags_and_system_metrics() -> None:
 def test_timestamps_strictly_increase_per_node() -> None:
     for recorder, _ in _simulate(seed=3, ticks=200).values():
         stamps = [p[3] for p in recorder.points]
+        assert all(b > a for a, b in itertools.pairwise(stamps))
+
+
+class BurstClock:
+    """`time` for simulator.fleet: wall time that advances `step_ns` per reading, as in a catch-up burst."""
+
+    def __init__(self, step_ns: int) -> None:
+        self.now_ns = time.time_ns()
+        self.step_ns = step_ns
+
+    def time_ns(self) -> int:
+        self.now_ns += self.step_ns
+        return self.now_ns
+
+    @staticmethod
+    def monotonic() -> float:
+        return time.monotonic()
+
+
+class StampRecorder:
+    """A node's metrics sink keeping what it was asked: series, timestamp, and whether `system` goes with it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, str], int, bool]] = []
+
+    def log(
+        self,
+        measurement: str,
+        tags: Mapping[str, Any] | None = None,
+        fields: Mapping[str, Any] | None = None,
+        timestamp: int | None = None,
+        with_system_metrics: bool = False,
+        with_gpu_metrics: bool = False,
+    ) -> None:
+        assert timestamp is not None
+        self.calls.append((measurement, dict(tags or {}), timestamp, with_system_metrics))
+
+
+def test_points_of_one_series_never_share_a_millisecond(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replicated VictoriaMetrics cluster keeps one sample per series and millisecond (docs/scaling.md).
+
+    Ticks 10 us apart (the load catching up after a stall) still give each point of
+    a series a millisecond of its own, the `system` sample the client adds with a
+    point's timestamp included.
+    """
+    monkeypatch.setattr(fl, "time", BurstClock(step_ns=10_000))
+    specs = fl.build_specs(COUNTS, 4)
+    plan = fl.plan_for(specs, points_per_sec=500, window_seconds=2, duration=10)
+    for spec in specs:
+        sink = StampRecorder()
+        node = fl.SimNode(spec, RUN, plan, sink)
+        for _ in range(300):
+            node.tick()
+        node.finish()
+        milliseconds: dict[tuple[str, tuple[tuple[str, str], ...]], list[int]] = {}
+        for measurement, tags, timestamp, system in sink.calls:
+            for series in [(measurement, tuple(sorted(tags.items())))] + ([fl.SYSTEM_SERIES] if system else []):
+                milliseconds.setdefault(series, []).append(timestamp // 1_000_000)
+        assert len(milliseconds) > 1 and max(len(ms) for ms in milliseconds.values()) > 100, spec
+        for series, ms in milliseconds.items():
+            assert len(set(ms)) == len(ms), (spec.uid, series)
+        stamps = [call[2] for call in sink.calls]
         assert all(b > a for a, b in itertools.pairwise(stamps))
 
 

@@ -9,20 +9,25 @@ whose query API tests/grafana_receiver.py serves (--loki-query-url).
 from __future__ import annotations
 
 import json
+import re
 import time
+from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from grafana_receiver import GrafanaReceiver, LokiSource, PrometheusSource
 from loki_receiver import LokiReceiver
 from servers import VictoriaMetrics, victoria_metrics
+from test_simulator import BurstClock
 from test_simulator_e2e import clean_env  # noqa: F401  (the developer's environment stays out)
 
 from simulator import cli
 from simulator import dashboards as dash
+from simulator import fleet as fl
 from simulator import validate as vd
 from simulator import victoria as vm
 from simulator.cli import main
@@ -151,6 +156,43 @@ def test_counts_are_the_points_one_logger_wrote(store: VictoriaMetrics, written:
     }
 
 
+# MetricsQL's duration units (github.com/VictoriaMetrics/metricsql, lexer.go: DurationValue), in milliseconds.
+_DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+_DURATION_UNITS_MS["y"] = 365 * _DURATION_UNITS_MS["d"]
+
+
+def _latency_offset_ms(value: str) -> int:
+    """`value` in ms as VictoriaMetrics v1.136.0 reads it: seconds as a number, else a MetricsQL duration
+    (lib/httputil/duration.go, GetDuration)."""
+    try:
+        return int(float(value) * 1e3)
+    except ValueError:
+        assert re.fullmatch(r"(\d+(\.\d+)?(ms|[smhdwy]))+", value), f"not a duration VictoriaMetrics parses: {value!r}"
+        pairs = re.findall(r"(\d+(?:\.\d+)?)(ms|[smhdwy])", value)
+        return int(sum(float(number) * _DURATION_UNITS_MS[unit] for number, unit in pairs))
+
+
+def test_every_query_asks_for_a_latency_offset_the_pinned_release_accepts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """v1.136.0 answers latency_offset outside [1ms, 100 years] with 422 (lib/httputil/duration.go); 1.79.5
+    ignores the argument, so a test against it alone could not tell."""
+    sent: list[dict[str, str]] = []
+
+    def answer(url: str, params: dict[str, str], headers: dict, timeout: float) -> tuple[int, bytes]:
+        sent.append(params)
+        return 200, b'{"status": "success", "data": {"resultType": "vector", "result": []}}'
+
+    monkeypatch.setattr(vm, "_http", answer)
+    source = vm.PromQL("http://127.0.0.1:1")
+    now = datetime.now(UTC)
+    window = dash.TimeRange(now - timedelta(minutes=5), now)
+    source.run(_query("up"), "up", window, timedelta(seconds=15))
+    source.run(_query("up", instant=True), "up", window, timedelta(seconds=15))
+    assert len(sent) == 2
+    for params in sent:
+        assert params["nocache"] == "1"
+        assert 1 <= _latency_offset_ms(params["latency_offset"]) <= 100 * 365 * 24 * 3600 * 1000, params
+
+
 def test_regex_and_string_escapes_keep_a_run_id_literal() -> None:
     assert vm.regex_escape("sim-a.b(c)") == r"sim-a\.b\(c\)"
     assert vm.string_literal('a"b\\c') == '"a\\"b\\\\c"'
@@ -161,6 +203,85 @@ def test_regex_and_string_escapes_keep_a_run_id_literal() -> None:
     assert vm.variable_call("label_values(uid)") == ("label_values", json.dumps(["", "uid"]))
     assert vm.variable_call("query_result(max(x))") == ("query_result", "max(x)")
     assert vm.variable_call("sum(x)") is None
+
+
+# ---------------------------------------------------------------- a replicated cluster's deduplication
+
+ROLE_DEFAULTS = Path(__file__).resolve().parents[1] / "ansible/roles/victoriametrics/defaults/main.yml"
+
+
+@pytest.fixture(scope="module")
+def deduplicating() -> Iterator[VictoriaMetrics]:
+    """A VictoriaMetrics that deduplicates as the victoriametrics role's cluster does (vmstorage and vmselect).
+
+    -dedup.minScrapeInterval is a flag of the single node too: it keeps, per series,
+    one sample of each interval, here each millisecond, as a replicated cluster does.
+    """
+    interval = yaml.safe_load(ROLE_DEFAULTS.read_text())["victoriametrics_dedup_min_scrape_interval"]
+    assert interval == "1ms"
+    with victoria_metrics(f"-dedup.minScrapeInterval={interval}") as server:
+        yield server
+
+
+def _stored_samples(server: VictoriaMetrics, metric: str, offsets_ns: list[int]) -> int:
+    """Samples stored of one series that one MetricsLogger wrote at each offset from the start of a millisecond."""
+    logger = MetricsLogger(
+        url=server.url, token="any", org="o", database="b", uid=3, role="miner",
+        buffer=BufferSettings(flush_interval=0.05), self_metrics_interval=None,
+    )  # fmt: skip
+    start = time.time_ns() // 1_000_000 * 1_000_000
+    for index, offset in enumerate(offsets_ns):
+        logger.log(metric, fields={"loss": float(index)}, timestamp=start + offset)
+    assert logger.flush(10) == 0 and logger.stats()["sent"] == len(offsets_ns)
+    logger.close(1)
+    [series] = server.wait_for_series(f"{metric}_loss", 1)
+    source = vm.PromQL(server.url)
+    data = source.instant(f"count_over_time({metric}_loss[1m])", start // 1_000_000 + 1000)
+    [sample] = data["result"]
+    assert int(sample["value"][1]) == len(series["values"])  # the queries count what the export shows
+    return len(series["values"])
+
+
+def test_two_points_of_one_series_within_a_millisecond_are_one_under_the_clusters_deduplication(
+    store: VictoriaMetrics, deduplicating: VictoriaMetrics
+) -> None:
+    """What docs/scaling.md tells users: VictoriaMetrics stores milliseconds; deduplication keeps one per series."""
+    offsets = [0, 1, 10_000_000, 10_500_000, 20_000_000, 21_000_000]  # t, t+1 ns, t+10 ms, t+10.5 ms, ...
+    metric = f"vmdedup{datetime.now(UTC).strftime('%H%M%S%f')}"
+    assert _stored_samples(store, metric, offsets) == 6
+    assert _stored_samples(deduplicating, metric, offsets) == 4
+
+
+def test_a_burst_of_the_simulators_points_loses_nothing_to_deduplication(
+    deduplicating: VictoriaMetrics, token: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nodes ticking 10 us apart (the load catching up after a stall) into a deduplicating store: all stored.
+
+    What the clients sent counts, per measurement, as in the simulator's own check,
+    the one `system` sample each client adds with a point's timestamp included.
+    """
+    monkeypatch.setattr(fl, "time", BurstClock(step_ns=10_000))
+    run = fl.RunIdentity(f"sim-dedup{datetime.now(UTC).strftime('%H%M%S%f')}", "testnet", 5)
+    specs = fl.build_specs({"miner": 2, "validator": 1}, run.seed)
+    plan = fl.plan_for(specs, points_per_sec=500, window_seconds=2, duration=10)
+    buffer = BufferSettings(flush_interval=0.05)
+    targets = fl.Targets(deduplicating.url, "b", buffer=buffer, system_interval=3600, self_metrics_interval=None)
+    sent: Counter[str] = Counter()
+    started = datetime.now(UTC)
+    for spec in specs:
+        node = fl.make_node(spec, run, plan, targets)
+        for _ in range(150):
+            node.tick()
+        node.finish()
+        node.close(30)
+        metrics, _ = node.stats()
+        assert metrics["pending"] == 0, metrics
+        sent.update(metrics["sent_by_key"])
+    assert sent["training_step"] == 300 and sent["system"] == len(specs), sent
+    latest = max(fl.time.now_ns, time.time_ns()) / 1e9 + 5  # a timestamp may run ahead of the burst's clock
+    window = dash.TimeRange(started - timedelta(seconds=5), datetime.fromtimestamp(latest, UTC))
+    deduplicating.flush()
+    assert vm.stored_counts(vm.PromQL(deduplicating.url), run.run_id, window, sent) == dict(sent)
 
 
 # ---------------------------------------------------------------- the simulator end to end

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from servers import free_port, require_binary, victoria_metrics
+from servers import bind_caddy_to_loopback, free_port, listening_addresses, require_binary, victoria_metrics
 
 from telemetry_client import BufferSettings
 from telemetry_client.metrics import MetricsLogger
@@ -146,7 +146,9 @@ def test_a_changed_replication_factor_recreates_vminsert_and_vmselect_only(tmp_p
 # InfluxDB's /api/v2/write as the single node's image does. Nodes write with
 # MetricsLogger exactly as in production: https URL, "Authorization: Token <token>".
 # Two role variables differ from a deployment: the configuration directory is the
-# rendered one, and Caddy 2.6 still calls the directive "basicauth".
+# rendered one, and Caddy 2.6 still calls the directive "basicauth". The rendered
+# file gets one global option of the test's own: Caddy binds every interface
+# unless told, and a test's listens on loopback only (`default_bind 127.0.0.1`).
 
 METRICS_DOMAIN = "localhost"
 LOGS_DOMAIN = "logs.localhost"  # the Loki site, when a test renders it (reached by SNI on 127.0.0.1)
@@ -241,6 +243,7 @@ class MetricsProxy:
                 ]
             )
         )
+        bind_caddy_to_loopback(self.caddyfile)
 
     @property
     def caddyfile(self) -> Path:
@@ -267,6 +270,7 @@ class MetricsProxy:
         while True:
             try:
                 self.request("GET", "/health")
+                assert listening_addresses(self.server.pid) == {"127.0.0.1"}, listening_addresses(self.server.pid)
                 return
             except OSError:
                 assert self.server.poll() is None, (self.tmp / "caddy.log").read_text()[-OUTPUT_TAIL:]

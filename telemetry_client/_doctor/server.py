@@ -257,9 +257,10 @@ def _server_name(result: Probe) -> str:
 def credential_refused(status: int | None, body: bytes | None) -> bool:
     """A server's answer that refuses the credential: 401 or 403, or vmauth's 400.
 
-    vmauth in front of VictoriaMetrics refuses an unknown token with 401, or up to
-    1.79 with 400 "cannot find the provided auth token" (VictoriaMetrics
-    app/vmauth/main.go).
+    vmauth in front of VictoriaMetrics refuses an unknown token with 401
+    "Unauthorized" (VictoriaMetrics app/vmauth/main.go, requestHandler, tag v1.136.0),
+    or up to 1.79 with 400 "cannot find the provided auth token" (the same file, tag
+    v1.79.5).
     """
     return status in (401, 403) or (status == 400 and b"cannot find the provided auth token" in (body or b""))
 

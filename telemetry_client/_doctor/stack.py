@@ -309,7 +309,8 @@ def may_write(settings: StackSettings, headers: dict[str, str]) -> tuple[bool | 
     """An empty write: allowed (204, or 2.x's 400 'writing requires points'), refused (401/403), or unknown.
 
     vmauth 1.79 answers an unknown token with 400 "cannot find the provided auth token"
-    (VictoriaMetrics app/vmauth/main.go; newer releases 401): refused too.
+    (VictoriaMetrics app/vmauth/main.go, tag v1.79.5; 401 "Unauthorized" at tag
+    v1.136.0): refused too (credential_refused).
     """
     result = probe(_write_url(settings), method="POST", body=b"", headers={**headers, "Content-Type": "text/plain"})
     if not result.answered:
@@ -326,7 +327,8 @@ def may_query_victoriametrics(settings: StackSettings, headers: dict[str, str]) 
     """A MetricsQL query (`/api/v1/query`) through vmauth: an answer means it may read.
 
     vmauth answers a credential without a route for the path with 400 "missing route"
-    (VictoriaMetrics app/vmauth/main.go), an unknown one with 400 or 401 (see may_write).
+    (VictoriaMetrics app/vmauth/main.go at tag v1.136.0, target_url.go at v1.79.5), an
+    unknown one with 400 or 401 (see may_write).
     """
     result = probe(f"{settings.influxdb_url.rstrip('/')}/api/v1/query?query=1", headers=headers)
     if not result.answered:
