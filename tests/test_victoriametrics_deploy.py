@@ -518,6 +518,33 @@ def test_cluster_hosts_run_their_services_and_no_influxdb(cluster_site):
 
 
 @pytest.mark.timeout(1800)
+def test_the_rendered_series_caps_are_flags_victoriametrics_takes_and_bound_new_series(cluster_site):
+    flags = _flags(cluster_site, next(iter(CLUSTER)), "vmstorage")
+    caps = [f"-{name}={flags[name]}" for name in ("storage.maxHourlySeries", "storage.maxDailySeries")]
+    assert all(int(cap.split("=")[1]) > 0 for cap in caps)
+    with victoria_metrics(*caps) as server:  # victoria-metrics refuses to start on a flag it does not know
+        _write_lines(server.url, [f"capped,uid={uid} value=1" for uid in range(5)])
+        assert len(server.wait_for_series("capped_value", 5)) == 5
+    # What the caps do (the docs rely on it): a series beyond the hour's cap is dropped, the others stored.
+    with victoria_metrics("-storage.maxHourlySeries=2") as server:
+        _write_lines(server.url, [f"capped,uid={uid} value=1" for uid in range(5)])
+        server.wait_for_series("capped_value", 5, timeout=5)
+        server.flush()
+        assert len(server.export("capped_value")) == 2
+
+
+def _write_lines(url: str, lines: list[str]) -> None:
+    connection = http.client.HTTPConnection(url.removeprefix("http://"), timeout=30)
+    try:
+        connection.request("POST", "/api/v2/write", body="\n".join(lines).encode())
+        response = connection.getresponse()
+        response.read()
+        assert response.status == 204, response.status
+    finally:
+        connection.close()
+
+
+@pytest.mark.timeout(1800)
 def test_proxy_checks_tokens_and_balances_writes_over_every_vminsert(cluster_site):
     site = _metrics_site(cluster_site)
     upstreams = " ".join(f"{address}:8480" for address in CLUSTER.values())

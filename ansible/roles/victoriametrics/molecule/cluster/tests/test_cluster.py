@@ -74,6 +74,8 @@ def test_replication_and_deduplication(host):
         assert storage["dedup.minScrapeInterval"] == "1ms"
         assert storage["retentionPeriod"] == "30d"
         assert storage["storageDataPath"] == "/storage"
+        # Series caps: no node listed here, so the floor; 2 copies over 3 vmstorage hosts is each one's whole share.
+        assert (storage["storage.maxHourlySeries"], storage["storage.maxDailySeries"]) == ("100000", "400000")
         if name in SELECT_HOSTS:
             select = _flags(_service(name, "vmselect"))
             assert select["replicationFactor"] == "2"

@@ -36,6 +36,9 @@ def test_flags_retention_and_loopback_port(host):
         "-retentionPeriod=90d",
         "-httpListenAddr=:8428",
         "-cacheDataPath=/cache",
+        # No node listed in the scenario: the floor of the series caps (victoriametrics_min_series), a day 4x.
+        "-storage.maxHourlySeries=100000",
+        "-storage.maxDailySeries=400000",
     ]
     assert service["ports"] == ["127.0.0.1:8428:8428"]
 
