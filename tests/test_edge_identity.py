@@ -136,7 +136,7 @@ def test_a_node_is_stored_under_its_own_identity_whatever_it_writes(edge):
         assert [s["metric"]["uid"] for s in series] == ["m1"], (name, series)
         assert [s["metric"]["role"] for s in series] == ["miner"], (name, series)
     assert _labels(server, "forged_value")[0]["extra"] == "kept"  # the node's other tags are its own
-    assert _labels(server, "forged_v1_value")[0]["db"] == "tplr"  # /write keeps its db argument
+    assert "db" not in _labels(server, "forged_v1_value")[0]  # /write's db argument is not forwarded either
     assert [(s["metric"]["uid"], s["metric"]["role"]) for s in server.wait_for_series("forged_unnamed_value", 1)] == [
         ("miner-02", "miner")
     ]
