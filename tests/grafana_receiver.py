@@ -574,7 +574,8 @@ class _Handler(BaseHTTPRequestHandler):
 # ---------------------------------------------------------------- LogQL over the Loki receiver
 #
 # A small LogQL evaluator, enough for the dashboards' queries and the simulator's
-# count: stream selectors (=, !=, =~, !~; regexes fully anchored), line filters
+# count: stream selectors (=, !=, =~, !~; regexes fully anchored; `__tenant_id__`
+# against the tenant an entry was pushed into), line filters
 # (|=, !=, |~, !~), `| json` (optionally with name="field" parameters), label
 # filters (name op "value", __error__ included), count_over_time and rate over
 # [range], sum/count/max/min/avg with `by (...)`, topk(k, ...) and `/` between two
@@ -771,6 +772,20 @@ def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
         out[prefix] = value if isinstance(value, str) else json.dumps(value)
 
 
+TENANT_LABEL = "__tenant_id__"
+
+
+def _selected(entry: Any, matchers: list[tuple[str, str, str]]) -> bool:
+    """Whether a stream selector takes the entry. A `__tenant_id__` matcher is matched against the tenant the
+    entry was pushed into, as Loki's multi-tenant querier matches it against the request's tenants and removes
+    it from the selector (grafana/loki pkg/querier/multi_tenant_querier.go, filterValuesByMatchers); an entry
+    pushed without a tenant has none, as a single-tenant Loki's streams carry no such label."""
+    return all(
+        _match(op, (entry.tenant or "") if name == TENANT_LABEL else entry.labels.get(name, ""), value)
+        for name, op, value in matchers
+    )
+
+
 def _run_log(log: _Log, entries: list[Any], lo_ns: int, hi_ns: int) -> list[tuple[dict[str, str], int, str]]:
     """Entries in (lo, hi] through the selector and the pipeline: (labels, ts, line)."""
     out = []
@@ -778,7 +793,7 @@ def _run_log(log: _Log, entries: list[Any], lo_ns: int, hi_ns: int) -> list[tupl
         if not lo_ns < entry.ts <= hi_ns:
             continue
         labels = dict(entry.labels)
-        if not all(_match(op, labels.get(name, ""), value) for name, op, value in log.matchers):
+        if not _selected(entry, log.matchers):
             continue
         keep = True
         for stage, spec in log.stages:
@@ -902,7 +917,7 @@ def label_values(label: str, stream: str, entries: list[Any], start_ns: int, end
     selected = entries
     if stream:
         log = _Parser(stream).log_expr()
-        selected = [e for e in entries if all(_match(op, e.labels.get(n, ""), v) for n, op, v in log.matchers)]
+        selected = [e for e in entries if _selected(e, log.matchers)]
     return sorted({e.labels[label] for e in selected if label in e.labels and start_ns <= e.ts <= end_ns})
 
 
