@@ -289,12 +289,12 @@ def test_queries_and_counts_through_grafana_ds_query(
     report_path = tmp_path / "report.json"
     argv = [*influx_args(server, database), *QUICK, "--processes", "0", "--miners", "6", "--points-per-sec", "800"]
     argv += ["--lines-per-sec", "300", "--loki-url", loki.base_url, "--grafana-url", grafana.url]
-    argv += ["--report", str(report_path)]
+    argv += ["--edge-audit", "--report", str(report_path)]
     code = main(argv)
     report = json.loads(report_path.read_text())
     assert code == 0, [q for q in report["queries"] if q["status"] not in ("OK", "SKIPPED")]
     statuses = {(q["datasource"], q["kind"], q["status"]) for q in report["queries"]}
-    # Every panel, InfluxQL and LogQL, returned data through Grafana; Loki's label_values
+    # Every panel, InfluxQL and LogQL (the edge's audit stream too), returned data through Grafana; Loki's label_values
     # variables go through Grafana's resource API, which this path does not use.
     # The twin targets of a panel (the downsampled copy, the per-node lines) are SKIPPED.
     assert statuses == {
