@@ -169,8 +169,10 @@ def test_regex_and_string_escapes_keep_a_run_id_literal() -> None:
 def test_a_run_on_victoriametrics_runs_every_metricsql_query_and_accounts_for_every_point_and_line(
     stack: list[str], store: VictoriaMetrics, tmp_path: Path
 ) -> None:
-    # Enough miner steps for the rare non-finite gradient norm that the drops panel shows.
-    code, report = simulate(stack, tmp_path, "--run-id", "sim-vmrun1", "--miners", "8", "--points-per-sec", "2000")
+    # Enough miner steps for the rare non-finite gradient norm that the drops panel shows; the edge's
+    # audit stream for the audit panel.
+    argv = ["--run-id", "sim-vmrun1", "--miners", "8", "--points-per-sec", "2000", "--edge-audit"]
+    code, report = simulate(stack, tmp_path, *argv)
     assert code == 0, report["summary"]
     # Every query of grafana/dashboards-victoriametrics/ ran on the store and answered.
     queries = [q for q in report["queries"] if q["datasource"] == "prometheus"]
