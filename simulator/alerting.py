@@ -90,6 +90,8 @@ def run_settings(load_seconds: float, window_seconds: float) -> dict[str, str]:
         "ALERT_LOSS_BASELINE_SECONDS": span,
         "ALERT_LOG_ERRORS_BASELINE_SECONDS": span,
         "ALERT_STORE_WINDOW_SECONDS": span,
+        # The clean edge's refusals (the deploy's checks) come once, at the start: the rule judges them too.
+        "ALERT_EDGE_REFUSED_WINDOW_SECONDS": span,
         # A validator's window lasts about --window-seconds: give it four of them to move.
         "ALERT_WINDOW_STALL_SECONDS": str(max(4, math.ceil(4 * window_seconds))),
         # A burst must stand out against a node's own share of the lines, not against a tenth of one.

@@ -31,11 +31,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from grafana.builder import audit
 from simulator import alerting as al
 from simulator import dashboards as dash
+from simulator import edge, load
 from simulator import faults as ft
 from simulator import fleet as fl
-from simulator import load
 from simulator import report as rp
 from simulator import validate as vd
 from simulator import victoria as vm
@@ -254,6 +255,14 @@ def build_parser() -> argparse.ArgumentParser:
         + "; ".join(f"{k}: {v[0]}" for k, v in ft.KINDS.items()).replace("%", "%%")
         + ". Default node: the first that fits; default start: half-way. Every alert rule is then evaluated "
         "and must fire exactly under its fault",
+    )
+    check.add_argument(
+        "--edge-audit",
+        action="store_true",
+        help="also write the production edge's audit stream: the lines its access log and shipper would put "
+        "into Loki's tenant _edge for the run (nodes' pushes, the deploy's checks, the refused-credentials "
+        "fault), pushed to --loki-url, which must keep tenants apart (auth_enabled: true) for the audit panel "
+        "and rule to read them; without it they are SKIPPED",
     )
     check.add_argument(
         "--alerting",
@@ -507,6 +516,7 @@ def public_settings(args: argparse.Namespace, stack: Stack, run: fl.RunIdentity)
         "influxdb_database": stack.database,
         "influxdb_api_version": stack.api_version,
         "loki_url": without_userinfo(stack.loki_url),
+        "edge_audit": args.edge_audit,
         "grafana_url": without_userinfo(stack.grafana.url) if stack.grafana else None,
         "dashboards": str(args.dashboards),
         "datasources": sorted(selected_datasources(args, stack)),
@@ -599,8 +609,12 @@ def execute(args: argparse.Namespace, line_counter: LineCounter | None = None) -
     specs = fl.build_specs(counts, args.seed)
     if not specs:
         raise UsageError("the fleet is empty: give at least one of --miners, --validators, --aggregators, --evaluators")
+    if args.edge_audit and not stack.loki_url:
+        raise UsageError("--edge-audit needs Loki: give --loki-url")
     if args.loki_tenant_per_node:
-        stack = replace(stack, loki_org_id="|".join(spec.uid for spec in specs))
+        # Every node's tenant, and the edge's when the run writes its audit stream (as Grafana's data source reads).
+        tenants = [spec.uid for spec in specs] + ([audit.EDGE_TENANT] if args.edge_audit else [])
+        stack = replace(stack, loki_org_id="|".join(tenants))
     faults = resolve_faults(args, specs, stack)
     plan = replace(fl.plan_for(specs, args.points_per_sec, args.window_seconds, args.duration), faults=tuple(faults))
     targets = fl.Targets(
@@ -624,6 +638,11 @@ def execute(args: argparse.Namespace, line_counter: LineCounter | None = None) -
     )
     with load.ProgressView(settings, enabled=load.progress_enabled(args.quiet)) as progress:
         fleet = load.run_fleet(specs, run, plan, targets, settings, progress)
+    if args.edge_audit:
+        try:
+            edge.push(stack.loki_url or "", edge.requests(specs, faults, fleet.started_ns, fleet.load_seconds))
+        except RuntimeError as exc:
+            fleet.errors.append(str(exc))
 
     if not args.no_validate and stack.backend == "victoriametrics" and stack.grafana is not None:
         wait_until_visible(fleet.ended_ns / 1e9 + args.victoriametrics_latency_offset, args.quiet)
@@ -641,9 +660,12 @@ def execute(args: argparse.Namespace, line_counter: LineCounter | None = None) -
         # Counting first: it waits (up to --settle) until the stores show every record,
         # so the dashboards then query everything the fleet sent.
         delivery = account_delivery(stack, fleet, window, args.settle, line_counter, uids)
+        runners = runners_for(stack, selected)
+        if not args.edge_audit and "loki" in runners:
+            runners["loki"] = edge.WithoutAudit(runners["loki"])
         checks = vd.check_dashboards(
             dashboards,
-            runners_for(stack, selected),
+            runners,
             window,
             run.network,
             min_interval=timedelta(seconds=args.min_interval),
@@ -689,6 +711,8 @@ def resolve_faults(args: argparse.Namespace, specs: Sequence[fl.NodeSpec], stack
             )
         if fault.kind in ("error-burst", "loki-down") and not stack.loki_url:
             raise UsageError(f"fault {fault.kind} needs Loki: give --loki-url")
+        if fault.kind in ft.EDGE_FAULTS and not args.edge_audit:
+            raise UsageError(f"fault {fault.kind} needs the edge's audit stream: give --edge-audit")
     return faults
 
 
@@ -728,9 +752,15 @@ def evaluate_alerts(
         rules = al.load_rules(al.run_settings(fleet.load_seconds, args.window_seconds), args.alerting)
     except (OSError, ValueError, KeyError) as exc:
         raise UsageError(f"cannot read the alert rules in {args.alerting}: {exc}") from None
-    return al.evaluate(
+    checks = al.evaluate(
         rules, sources["influxdb"], sources["loki"], ended_ms, faults, fleet.load_seconds, sources["prometheus"]
     )
+    if not args.edge_audit:
+        for (_, rule), check in zip(rules, checks, strict=True):
+            if any(edge.reads_audit(q["model"].get("expr", "")) for q in rule["data"]) and check.status != al.SKIPPED:
+                check.status, check.fires, check.instances = al.SKIPPED, False, []
+                check.message = "no edge audit stream in this run (--edge-audit)"
+    return checks
 
 
 def metrics_counter(

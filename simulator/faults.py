@@ -4,8 +4,9 @@
 of a role the fault fits), from SECONDS after the load starts (default: half-way).
 Node faults change what the node sends, through the same client as always; the store
 faults (metrics-down, loki-down) point the rule evaluation at a closed port, as a
-Grafana whose data source refuses connections would see it. `influxdb-down` is the
-older name of `metrics-down` and still works.
+Grafana whose data source refuses connections would see it; the edge fault
+(refused-credentials) adds refused requests to the edge's audit stream
+(simulator/edge.py). `influxdb-down` is the older name of `metrics-down` and still works.
 """
 
 from __future__ import annotations
@@ -36,6 +37,11 @@ KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
         ("miner", "validator", "aggregator", "evaluator"),
     ),
     "error-burst": ("every log line of the node is an error", ("miner", "validator", "aggregator", "evaluator")),
+    "refused-credentials": (
+        "requests with a credential the edge does not know come from one address that is no node's, 20 a "
+        "second, refused with 401 (a revoked node, or someone guessing; needs --edge-audit)",
+        (),
+    ),
     "metrics-down": ("the rules' metrics store (InfluxDB or VictoriaMetrics) refuses connections", ()),
     "loki-down": ("the rules' Loki refuses connections", ()),
 }
@@ -43,7 +49,9 @@ KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
 ALIASES: dict[str, str] = {"influxdb-down": "metrics-down"}
 # Drop reasons a fault causes on purpose: not counted as lost records.
 EXPECTED_DROPS: dict[str, frozenset[str]] = {"drops": frozenset({"none_value"})}
-STORE_FAULTS = frozenset(kind for kind, (_, roles) in KINDS.items() if not roles)
+# Faults of no node: what reaches the edge, and the stores.
+EDGE_FAULTS = frozenset({"refused-credentials"})
+STORE_FAULTS = frozenset(kind for kind, (_, roles) in KINDS.items() if not roles) - EDGE_FAULTS
 
 _SPEC = re.compile(r"^(?P<kind>[a-z-]+)(?::uid=(?P<uid>[^@\s]+))?(?:@(?P<at>[0-9]+(?:\.[0-9]+)?)s?)?$")
 

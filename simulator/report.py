@@ -5,7 +5,7 @@ Exit code bits (they add up, so one number says everything that went wrong):
   1  a dashboard query was EMPTY or ERROR
   2  usage error (bad flags or configuration), from argparse or before the run
   4  records lost: dropped by a client, or stored fewer (or more) than delivered
-  8  the fleet failed: a worker process crashed or a store could not be counted
+  8  the fleet failed: a worker process crashed, a store could not be counted, or the audit lines refused
   16 an alert rule fired without its fault, or stayed quiet under it
 """
 

@@ -930,6 +930,11 @@ class _Handler(BaseHTTPRequestHandler):
     do_PUT = _serve
 
 
+def production_loki(**kwargs: Any) -> LokiReceiver:
+    """A receiver set up as the production Loki (the loki role): a tenant per node, queries across tenants."""
+    return LokiReceiver(auth_enabled=True, multi_tenant_queries_enabled=True, **kwargs)
+
+
 def running_receiver(**kwargs: Any) -> Iterator[LokiReceiver]:
     """Generator for a pytest fixture: a started receiver, stopped afterwards."""
     receiver = LokiReceiver(**kwargs).start()

@@ -45,7 +45,9 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 ROLES_DIR = REPO / "ansible" / "roles"
-ROLES = ["docker", "firewall", "influxdb", "loki", "victoriametrics", "grafana", "reverse_proxy"]
+ROLES = ["docker", "firewall", "influxdb", "loki", "victoriametrics", "grafana", "reverse_proxy", "edge_audit"]
+# Roles with a `docker` scenario (real containers). edge_audit has none: Alloy's image is never run here.
+DOCKER_ROLES = [role for role in ROLES if (ROLES_DIR / role / "molecule" / "docker").is_dir()]
 OUTPUT_TAIL = 12000
 
 
@@ -225,6 +227,7 @@ def test_site_renders_and_is_idempotent(name, tmp_path, test_secrets):
         "grafana/secrets/grafana_admin_password",
         "grafana/provisioning/datasources/datasources.yml",
         "reverse_proxy/conf/Caddyfile",
+        "edge_audit/conf/config.alloy",
     ):
         assert (base / path).is_file(), path
     assert (base / "reverse_proxy/conf/Caddyfile").stat().st_mode & 0o777 == 0o600
@@ -247,6 +250,13 @@ def test_site_renders_and_is_idempotent(name, tmp_path, test_secrets):
             "grafana"
         ]["environment"].items()
     )
+    # The audit shipper reads the files the Caddyfile writes and pushes where the proxy pushes, directly.
+    alloy = (base / "edge_audit" / "conf" / "config.alloy").read_text()
+    logged = re.findall(r"output file /var/log/caddy/(\S+) \{", caddyfile)
+    assert sorted(logged) == ["logs-access.log", "metrics-access.log"]
+    assert sorted(re.findall(r'"__path__" = "/var/log/caddy/([^"]+)"', alloy)) == sorted(logged)
+    loki = "10.0.0.20:3100" if name == "prod" else "loki:3100"
+    assert f'url       = "http://{loki}/loki/api/v1/push"' in alloy and 'tenant_id = "_edge"' in alloy
     if name == "prod":
         # Grafana and the proxy reach InfluxDB and Loki on metrics_prod's private address.
         assert "INFLUXDB_URL=http://10.0.0.20:8086" in env
@@ -409,7 +419,7 @@ def _docker_unavailable_reason() -> str | None:
 
 @pytest.mark.docker
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("role", DOCKER_ROLES)
 def test_molecule_docker_scenario(role):
     reason = _docker_unavailable_reason()
     if reason:

@@ -2,7 +2,8 @@
 
 Every InfluxQL query may name only measurements, fields and tags that
 telemetry_client/catalog.py defines, and every LogQL query only the stream labels
-the Loki handler sets (body fields through `| json`).
+the Loki handler sets (body fields through `| json`), or, reading the edge's audit
+stream in its own tenant, only the labels its shipper sets and Caddy's fields.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 import yaml
 
 from grafana import build_dashboards
-from grafana.builder import panels
+from grafana.builder import audit, panels
 from grafana.builder.panels import MAX_PANEL_ID, Layout, panel_id
 from grafana.builder.targets import loki_target
 from simulator import dashboards as dash
@@ -388,15 +389,42 @@ def test_dashboards_cover_what_operators_asked_for() -> None:
 # ---------------------------------------------------------------- loki
 
 
+def _known_loki_labels(text: str) -> tuple[frozenset[str], frozenset[str]]:
+    """(stream labels, body fields) a LogQL query may name: the node handler's, or the edge audit stream's."""
+    if f'__tenant_id__="{audit.EDGE_TENANT}"' in text:
+        return audit.STREAM_LABELS | {"__tenant_id__"}, audit.FIELDS
+    return dash.LOKI_STREAM_LABELS, dash.LOKI_BODY_KEYS
+
+
+def _assert_known_loki_labels(text: str) -> None:
+    refs = dash.logql_references(text)
+    stream, body = _known_loki_labels(text)
+    assert refs.problems == ()
+    assert refs.stream_labels <= stream, text
+    allowed = (stream | body) if refs.parses_json else stream
+    assert refs.grouping_labels <= allowed, text
+
+
 @pytest.mark.parametrize("query", LOKI_QUERIES, ids=lambda q: q.where)
 def test_logql_uses_only_the_handlers_stream_labels(query: dash.Query) -> None:
-    refs = dash.logql_references(query.text)
-    assert refs.problems == ()
-    assert refs.stream_labels <= dash.LOKI_STREAM_LABELS, query.text
-    allowed = set(dash.LOKI_STREAM_LABELS)
-    if refs.parses_json:
-        allowed |= dash.LOKI_BODY_KEYS
-    assert refs.grouping_labels <= allowed, query.text
+    _assert_known_loki_labels(query.text)
+
+
+def test_audit_queries_select_the_edge_tenant_and_only_its_labels() -> None:
+    """The audit stream is trusted for its tenant alone: a query of its labels that forgot the tenant fails."""
+    audit_queries = [q for q in LOKI_QUERIES if f'job="{audit.JOB}"' in q.text]
+    # Telemetry health has the per-node panel of refused requests.
+    assert any(
+        q.dashboard_uid == "telemetry-health" and "user_id" in dash.logql_references(q.text).grouping_labels
+        for q in audit_queries
+    )
+    for query in audit_queries:
+        assert f'__tenant_id__="{audit.EDGE_TENANT}"' in query.text, query.where
+    forgot = audit.refused().replace(f', __tenant_id__="{audit.EDGE_TENANT}"', "")
+    with pytest.raises(AssertionError):
+        _assert_known_loki_labels(f"sum by (user_id) (count_over_time({forgot} [5m]))")
+    with pytest.raises(AssertionError):  # a node handler's label does not exist in the audit stream
+        _assert_known_loki_labels(f"sum by (uid) (count_over_time({audit.refused()} [5m]))")
 
 
 def test_logql_check_catches_an_unknown_label_and_a_body_field_without_json() -> None:
@@ -449,8 +477,9 @@ def test_alert_queries_name_only_catalog_measurements_and_stream_labels(rule: st
         assert check_influxql(text) == [], text
     else:
         refs = dash.logql_references(text)
-        assert refs.problems == () and refs.stream_labels <= dash.LOKI_STREAM_LABELS, text
-        assert refs.grouping_labels <= dash.LOKI_STREAM_LABELS, text
+        stream, body = _known_loki_labels(text)
+        assert refs.problems == () and refs.stream_labels <= stream, text
+        assert refs.grouping_labels <= (stream | body if refs.parses_json else stream), text
 
 
 @pytest.mark.parametrize("spread", SPREADS, ids=lambda s: s.name)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from collections.abc import Iterator
 from datetime import timedelta
@@ -20,13 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from grafana_receiver import GrafanaReceiver, InfluxSource, LokiSource
-from loki_receiver import LokiReceiver
+from grafana_receiver import SIMULATED_FLEET_ORG_ID, GrafanaReceiver, InfluxSource, LokiSource
+from loki_receiver import production_loki
 from servers import InfluxV1, victoria_metrics
 from test_simulator_e2e import clean_env  # noqa: F401  (the developer's environment stays out)
 
 from grafana.alerting_src.rules import RULES
 from simulator import alerting as al
+from simulator import edge
 from simulator import faults as ft
 from simulator.cli import main
 
@@ -34,6 +36,11 @@ pytestmark = pytest.mark.slow
 
 RUN = ["--duration", "10", "--ramp", "0.5", "--window-seconds", "1", "--min-interval", "1", "--settle", "3"]
 RUN += ["--self-metrics-interval", "0.5", "--system-interval", "0.5", "--processes", "0", "--quiet"]
+# As in production: each node pushes into its own Loki tenant, and the run writes the edge's
+# audit stream (tenant _edge) for the edge rule; every query reads all of them.
+RUN += ["--loki-tenant-per-node"]
+WITHOUT_AUDIT = list(RUN)
+RUN += ["--edge-audit"]
 # uids: validators 0-1, aggregator 2, evaluator 3, miners 4-9.
 FLEET = ["--miners", "6", "--validators", "2", "--points-per-sec", "600", "--lines-per-sec", "300"]
 ALL_NODE_FAULTS = [
@@ -46,6 +53,7 @@ ALL_NODE_FAULTS = [
     "drops:uid=8@3",
     "error-burst:uid=9@3",
 ]
+EDGE_FAULTS = ["refused-credentials@3"]
 
 
 # The data source type of each store's metrics queries, for --datasource.
@@ -58,8 +66,11 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 def _with_loki(metrics: list[str], sources: dict[str, Any]) -> Iterator[list[str]]:
-    with LokiReceiver() as loki:
-        sources = {**sources, "loki": LokiSource(loki, min_interval=timedelta(seconds=1))}
+    with production_loki() as loki:
+        sources = {
+            **sources,
+            "loki": LokiSource(loki, min_interval=timedelta(seconds=1), org_id=SIMULATED_FLEET_ORG_ID),
+        }
         with GrafanaReceiver(sources, token="glsa_test_token") as grafana:
             yield [*metrics, "--loki-url", loki.base_url, "--loki-query-url", grafana.url]
 
@@ -82,9 +93,9 @@ def stack(backend: str, request: pytest.FixtureRequest, monkeypatch: pytest.Monk
         yield from _with_loki(["--metrics-backend", "victoriametrics", "--victoriametrics-url", server.url], {})
 
 
-def simulate(stack: list[str], tmp_path: Path, *extra: str) -> tuple[int, dict[str, Any]]:
+def simulate(stack: list[str], tmp_path: Path, *extra: str, run: list[str] = RUN) -> tuple[int, dict[str, Any]]:
     report = tmp_path / "report.json"
-    code = main([*stack, *RUN, *FLEET, *extra, "--report", str(report)])
+    code = main([*stack, *run, *FLEET, *extra, "--report", str(report)])
     return code, json.loads(report.read_text())
 
 
@@ -101,12 +112,13 @@ def test_a_clean_run_leaves_every_rule_normal(stack: list[str], tmp_path: Path) 
 
 
 def test_every_node_fault_at_once_fires_exactly_its_rule_on_its_node(stack: list[str], tmp_path: Path) -> None:
-    code, report = simulate(stack, tmp_path, *(x for fault in ALL_NODE_FAULTS for x in ("--fault", fault)))
+    faults = ALL_NODE_FAULTS + EDGE_FAULTS
+    code, report = simulate(stack, tmp_path, *(x for fault in faults for x in ("--fault", fault)))
     alerts = by_uid(report)
     assert report["summary"]["alerts_wrong"] == [] and code == 0, report["summary"]
     firing = {uid for uid, a in alerts.items() if a["status"] == al.FIRING}
     assert firing == {rule.uid for rule in RULES if not rule.uid.endswith("unavailable")}
-    node = {uid: {i["labels"]["uid"] for i in a["instances"]} for uid, a in alerts.items()}
+    node = {uid: {i["labels"].get("uid") for i in a["instances"]} for uid, a in alerts.items()}
     assert node["telemetry-node-silent"] == {"3"}
     assert node["telemetry-loss-diverging"] == {"5"}
     assert node["telemetry-validator-window-stalled"] == {"0"}
@@ -117,7 +129,20 @@ def test_every_node_fault_at_once_fires_exactly_its_rule_on_its_node(stack: list
     # The drops fault's none_value drops are expected, not lost records.
     assert report["fleet"]["metrics"]["dropped_by_reason"]["none_value"] > 0
     assert report["summary"]["client_drops"] == {} and report["summary"]["lost"] == 0
-    assert [f["kind"] for f in report["faults"]] == [f.split(":")[0] for f in ALL_NODE_FAULTS]
+    # The edge's refusals come from the stranger's address alone: the deploy's two checks stay below the threshold.
+    refused = alerts["telemetry-edge-refused-credentials"]["instances"]
+    assert [i["labels"]["request_remote_ip"] for i in refused] == [edge.STRANGER_ADDRESS]
+    assert [f["kind"] for f in report["faults"]] == [re.split("[:@]", f)[0] for f in faults]
+
+
+def test_without_the_edge_audit_its_rule_and_panel_are_skipped(stack: list[str], tmp_path: Path) -> None:
+    code, report = simulate(stack, tmp_path, run=WITHOUT_AUDIT)
+    alerts = by_uid(report)
+    assert alerts["telemetry-edge-refused-credentials"]["status"] == al.SKIPPED
+    assert {a["status"] for uid, a in alerts.items() if uid != "telemetry-edge-refused-credentials"} == {al.NORMAL}
+    audit_panels = [c for c in report["queries"] if edge.reads_audit(c["query"])]
+    assert audit_panels and {c["status"] for c in audit_panels} == {"SKIPPED"}
+    assert code == 0 and report["settings"]["edge_audit"] is False
 
 
 def test_stores_that_refuse_connections_fire_the_store_rules_only(
@@ -179,6 +204,13 @@ def test_a_fault_that_cannot_apply_is_a_usage_error(
     assert message in capsys.readouterr().err
 
 
+def test_the_edge_fault_needs_the_edge_audit_stream(
+    influx_stack: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*influx_stack, *WITHOUT_AUDIT, *FLEET, "--fault", "refused-credentials"]) == 2
+    assert "fault refused-credentials needs the edge's audit stream: give --edge-audit" in capsys.readouterr().err
+
+
 def test_short_runs_skip_the_rules_and_faults_need_a_long_enough_run() -> None:
     checks = al.evaluate([("g", {"uid": "r", "title": "t"})], None, None, 0, load_seconds=3.0)
     assert checks[0].status == al.SKIPPED and checks[0].ok
@@ -217,22 +249,23 @@ def test_with_a_tenant_per_node_every_log_query_and_the_log_rule_read_every_tena
     """Production's Loki: each node pushes into its own tenant; the queries name all of them, joined by '|'."""
     server, database = influx_db
     metrics = ["--influxdb-url", server.url, "--influxdb-api-version", "1", "--influxdb-database", database]
-    with LokiReceiver(auth_enabled=True, multi_tenant_queries_enabled=True) as loki:
+    with production_loki() as loki:
         sources = {
             "influxdb": InfluxSource(server.url, database, min_interval=timedelta(seconds=1)),
-            "loki": LokiSource(loki, min_interval=timedelta(seconds=1)),
+            "loki": LokiSource(loki, min_interval=timedelta(seconds=1), org_id=SIMULATED_FLEET_ORG_ID),
         }
         with GrafanaReceiver(sources, token="glsa_test_token") as grafana:
-            stack = [*metrics, "--loki-url", loki.base_url, "--loki-query-url", grafana.url, "--loki-tenant-per-node"]
+            stack = [*metrics, "--loki-url", loki.base_url, "--loki-query-url", grafana.url]
             code, report = simulate(stack, tmp_path, "--fault", "error-burst:uid=9@3")
         entries = loki.entries
     assert code == 0, report["summary"]
-    assert {e.tenant for e in entries} == {str(uid) for uid in range(10)}
-    assert all(e.tenant == e.labels["uid"] for e in entries)
+    assert {e.tenant for e in entries} == {*(str(uid) for uid in range(10)), "_edge"}
+    assert all(e.tenant == e.labels["uid"] for e in entries if e.tenant != "_edge")
     loki_queries = [q for q in report["queries"] if q["datasource"] == "loki"]
     assert loki_queries and {q["status"] for q in loki_queries} <= {"OK", "SKIPPED"}, loki_queries
     lines = [row for row in report["delivery"] if row["store"] == "loki"]
     assert lines and all(row["stored"] == row["sent"] for row in lines), lines
     alerts = by_uid(report)
     assert {uid for uid, a in alerts.items() if a["status"] == al.FIRING} == {"telemetry-log-errors"}
+    assert {a["status"] for uid, a in alerts.items() if uid != "telemetry-log-errors"} == {al.NORMAL}
     assert {i["labels"]["uid"] for i in alerts["telemetry-log-errors"]["instances"]} == {"9"}

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from grafana_receiver import GrafanaReceiver, InfluxSource, LokiSource
-from loki_receiver import LokiReceiver
+from grafana_receiver import SIMULATED_FLEET_ORG_ID, GrafanaReceiver, InfluxSource, LokiSource
+from loki_receiver import LokiReceiver, production_loki
 from servers import InfluxV1
 
 from simulator import dashboards as dash
@@ -278,23 +278,26 @@ def test_loki_panels_and_line_counts_through_lokis_query_api(
 
 
 def test_queries_and_counts_through_grafana_ds_query(
-    influx_db: tuple[InfluxV1, str],
-    loki: LokiReceiver,
-    grafana: GrafanaReceiver,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    influx_db: tuple[InfluxV1, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Loki as in production (a tenant per node, the edge's audit stream in _edge), read through Grafana."""
     server, database = influx_db
     monkeypatch.setenv("GRAFANA_TOKEN", "glsa_test_token")
     report_path = tmp_path / "report.json"
     argv = [*influx_args(server, database), *QUICK, "--processes", "0", "--miners", "6", "--points-per-sec", "800"]
-    argv += ["--lines-per-sec", "300", "--loki-url", loki.base_url, "--grafana-url", grafana.url]
-    argv += ["--report", str(report_path)]
-    code = main(argv)
+    with production_loki() as loki:
+        sources = {
+            "influxdb": InfluxSource(server.url, database, min_interval=timedelta(seconds=1)),
+            "loki": LokiSource(loki, min_interval=timedelta(seconds=1), org_id=SIMULATED_FLEET_ORG_ID),
+        }
+        with GrafanaReceiver(sources, token="glsa_test_token") as grafana:
+            argv += ["--lines-per-sec", "300", "--loki-url", loki.base_url, "--grafana-url", grafana.url]
+            argv += ["--edge-audit", "--loki-tenant-per-node", "--report", str(report_path)]
+            code = main(argv)
     report = json.loads(report_path.read_text())
     assert code == 0, [q for q in report["queries"] if q["status"] not in ("OK", "SKIPPED")]
     statuses = {(q["datasource"], q["kind"], q["status"]) for q in report["queries"]}
-    # Every panel, InfluxQL and LogQL, returned data through Grafana; Loki's label_values
+    # Every panel, InfluxQL and LogQL (the edge's audit stream too), returned data through Grafana; Loki's label_values
     # variables go through Grafana's resource API, which this path does not use.
     # The twin targets of a panel (the downsampled copy, the per-node lines) are SKIPPED.
     assert statuses == {

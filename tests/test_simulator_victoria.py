@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 from grafana_receiver import GrafanaReceiver, LokiSource, PrometheusSource
-from loki_receiver import LokiReceiver
+from loki_receiver import LokiReceiver, production_loki
 from servers import VictoriaMetrics, victoria_metrics
 from test_simulator import BurstClock
 from test_simulator_e2e import clean_env  # noqa: F401  (the developer's environment stays out)
@@ -61,8 +61,10 @@ def token(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def stack(store: VictoriaMetrics, token: None) -> Iterator[list[str]]:
-    with LokiReceiver() as loki, GrafanaReceiver({"loki": LokiSource(loki)}, token="glsa_test") as grafana:
-        yield [*victoria_args(store), "--loki-url", loki.base_url, "--loki-query-url", grafana.url]
+    # Loki as in production: a tenant per node (and the edge's, for --edge-audit), read across tenants.
+    with production_loki() as loki, GrafanaReceiver({"loki": LokiSource(loki)}, token="glsa_test") as grafana:
+        yield [*victoria_args(store), "--loki-url", loki.base_url, "--loki-query-url", grafana.url,
+               "--loki-tenant-per-node"]  # fmt: skip
 
 
 def simulate(stack: list[str], tmp_path: Path, *extra: str) -> tuple[int, dict[str, Any]]:
@@ -290,8 +292,10 @@ def test_a_burst_of_the_simulators_points_loses_nothing_to_deduplication(
 def test_a_run_on_victoriametrics_runs_every_metricsql_query_and_accounts_for_every_point_and_line(
     stack: list[str], store: VictoriaMetrics, tmp_path: Path
 ) -> None:
-    # Enough miner steps for the rare non-finite gradient norm that the drops panel shows.
-    code, report = simulate(stack, tmp_path, "--run-id", "sim-vmrun1", "--miners", "8", "--points-per-sec", "2000")
+    # Enough miner steps for the rare non-finite gradient norm that the drops panel shows; the edge's
+    # audit stream for the audit panel.
+    argv = ["--run-id", "sim-vmrun1", "--miners", "8", "--points-per-sec", "2000", "--edge-audit"]
+    code, report = simulate(stack, tmp_path, *argv)
     assert code == 0, report["summary"]
     # Every query of grafana/dashboards-victoriametrics/ ran on the store and answered.
     queries = [q for q in report["queries"] if q["datasource"] == "prometheus"]

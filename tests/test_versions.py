@@ -24,7 +24,7 @@ ROLES = ROOT / "ansible" / "roles"
 # Image names the stack uses, followed by a tag: never written outside versions.env.
 # (A host:port such as influxdb:8086 has no dot in its "tag".)
 LITERAL_TAG = re.compile(
-    r"(?<![\w/.-])(?:influxdb|grafana/loki|grafana/grafana|caddy|python|victoriametrics/[\w-]+)"
+    r"(?<![\w/.-])(?:influxdb|grafana/loki|grafana/grafana|grafana/alloy|caddy|python|victoriametrics/[\w-]+)"
     r":(?:v?\d+\.\d+|latest\b)"
 )
 
@@ -92,6 +92,7 @@ def test_every_role_image_default_is_a_versions_env_lookup() -> None:
         "loki_image",
         "grafana_image",
         "reverse_proxy_image",
+        "edge_audit_image",
         "victoriametrics_image",
         "victoriametrics_vmstorage_image",
         "victoriametrics_vminsert_image",
@@ -166,6 +167,7 @@ def test_roles_resolve_the_same_images_as_compose(tmp_path: Path) -> None:
         "loki_image": pinned["LOKI_IMAGE"],
         "grafana_image": pinned["GRAFANA_IMAGE"],
         "reverse_proxy_image": pinned["CADDY_IMAGE"],
+        "edge_audit_image": pinned["ALLOY_IMAGE"],
         "victoriametrics_image": pinned["VICTORIAMETRICS_IMAGE"],
         "victoriametrics_vmstorage_image": pinned["VMSTORAGE_IMAGE"],
         "victoriametrics_vminsert_image": pinned["VMINSERT_IMAGE"],
@@ -182,6 +184,7 @@ def test_roles_resolve_the_same_images_as_compose(tmp_path: Path) -> None:
     assert moved["loki_image"] == bumped["LOKI_IMAGE"]
     assert moved["influxdb_image"] == bumped["INFLUXDB_IMAGE"]
     assert moved["victoriametrics_vminsert_image"] == bumped["VMINSERT_IMAGE"]
+    assert moved["edge_audit_image"] == bumped["ALLOY_IMAGE"]
 
 
 def test_cluster_images_are_one_release_of_the_single_node() -> None:

@@ -4,9 +4,10 @@ The metrics rules are built for the metrics store of the build
 (grafana.builder.backend): their queries come from grafana/alerting_src/queries.py,
 which writes each in InfluxQL or MetricsQL, naming only what
 telemetry_client/catalog.py defines; the log rules are LogQL over the stream labels
-the Loki handler sets, the same for either store. Every rule's labels come from the
-query's GROUP BY / `by` (network, role, uid...), so one alert instance is one node
-(or process, or device).
+the Loki handler sets, the same for either store; the edge rule is LogQL over the edge's
+audit stream (grafana/builder/audit.py). Every rule's labels come from the query's
+GROUP BY / `by` (network, role, uid...), so one alert instance is one node (or process,
+or device; for the edge rule, one address).
 
 Annotations and labels use Go templates over `.Labels` and `.Values`, never `$`:
 Grafana expands `$NAME` in labels as an environment variable when it reads the file
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from grafana.alerting_src import queries as q
 from grafana.alerting_src.queries import NODE
+from grafana.builder import audit
 from grafana.builder.alerts import PanelLink, Rule, TimeRange, loki_query, math, metrics_query, reduce, threshold
 from grafana.builder.backend import Backend, building_for
 from grafana.builder.queries import uid_from_tenant
@@ -341,6 +343,40 @@ def loki_unavailable() -> Rule:
     )
 
 
+def edge_refused_credentials() -> Rule:
+    # One instance per address: a request without a known credential names no node (user_id "-").
+    refused = audit.refused_count(("request_remote_ip",), "$__range", statuses=(401,))
+    return Rule(
+        uid="telemetry-edge-refused-credentials",
+        title="Burst of refused credentials at the edge",
+        summary='The edge refused {{ (index .Values "B").Value }} requests from {{ .Labels.request_remote_ip }} '
+        "for their credential",
+        description=(
+            'The production edge answered 401 to {{ (index .Values "B").Value }} requests from address '
+            "{{ .Labels.request_remote_ip }} in the last ALERT_EDGE_REFUSED_WINDOW_SECONDS seconds (threshold "
+            "ALERT_EDGE_REFUSED_MIN): requests without a credential the edge knows, from a node whose credential "
+            "was revoked or rotated away, a node set up with a wrong one, or someone guessing. The Telemetry health "
+            "dashboard shows which site and path; the edge's audit stream (Loki tenant "
+            f"{audit.EDGE_TENANT}) holds every request."
+        ),
+        severity="warning",
+        data=[
+            loki_query("A", refused, TimeRange("ALERT_EDGE_REFUSED_WINDOW_SECONDS")),
+            reduce("B", "A", "last"),
+            math("C", "$B >= ${ALERT_EDGE_REFUSED_MIN}"),
+        ],
+        condition="C",
+        no_data_state="OK",
+        no_data_reason="no request was refused for its credential in the window (the healthy case), or the "
+        "stack has no edge (the local stack)",
+        exec_err_state="KeepLast",
+        exec_err_reason="the Loki store rule reports a failing Loki once; this rule keeps its last state",
+        panel=PanelLink("telemetry-health", "Refused requests at the edge, by node"),
+        pending="0s",  # the window is the duration already
+        fired_by=("refused-credentials",),
+    )
+
+
 def groups(backend: Backend = "influxdb") -> dict[str, tuple[Rule, ...]]:
     """Group name to its rules, built for `backend`; a group is evaluated as one at ALERT_EVALUATION_SECONDS."""
     with building_for(backend):
@@ -348,6 +384,7 @@ def groups(backend: Backend = "influxdb") -> dict[str, tuple[Rule, ...]]:
             "nodes": (node_silent(), loss_diverging(), validator_window_stalled()),
             "resources": (gpu_memory_high(), host_memory_high(), host_disk_high()),
             "telemetry": (client_drops(), log_errors_above_baseline(), metrics_store_unavailable(), loki_unavailable()),
+            "edge": (edge_refused_credentials(),),
         }
 
 

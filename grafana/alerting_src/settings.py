@@ -121,6 +121,19 @@ SETTINGS: tuple[Setting, ...] = (
         "log errors: ... and exceed this many lines in the recent window (quiet nodes stay quiet)",
     ),
     Setting(
+        "ALERT_EDGE_REFUSED_WINDOW_SECONDS",
+        "300",
+        "seconds",
+        "edge: window in which the requests the edge refused for their credential (401) are counted, per address",
+    ),
+    Setting(
+        "ALERT_EDGE_REFUSED_MIN",
+        "100",
+        "number",
+        "edge: fires at this many refused requests from one address in the window",
+        "10",
+    ),
+    Setting(
         "ALERT_STORE_WINDOW_SECONDS",
         "600",
         "seconds",

@@ -1,10 +1,11 @@
-"""Telemetry health: the telemetry client's own counters, per sink."""
+"""Telemetry health: the telemetry client's own counters, per sink, and what the production edge refused."""
 
 from __future__ import annotations
 
+from grafana.builder import audit
 from grafana.builder.panels import Layout, dashboard
 from grafana.builder.queries import DROP_REASONS, counter_rates, fleet_and_nodes, most_dropped_nodes
-from grafana.builder.targets import Json
+from grafana.builder.targets import Json, loki_target
 from grafana.builder.variables import metric_variable, node_variables
 
 
@@ -65,6 +66,23 @@ def build() -> Json:
         *most_dropped_nodes(10),
         width=24,
     )
+    ly.row("Refused at the edge")
+    refused = ", ".join(str(s) for s in audit.REFUSED_STATUSES)
+    ly.timeseries(
+        "Refused requests at the edge, by node",
+        f"Requests the production edge answered {refused} (no or an unknown credential, forbidden, a body over "
+        "the size limit, over a rate limit), per interval, by site, node and address: the node is the one its "
+        f"credential names, {audit.NO_NODE} for a request without a known credential (then the address tells "
+        f"who). From the edge's audit stream, which only the edge's shipper writes (Loki tenant "
+        f"{audit.EDGE_TENANT}); empty on a stack without the edge, such as the local one. The UID and Sink "
+        "variables do not apply.",
+        loki_target(
+            "A",
+            audit.refused_count(("site", "user_id", "request_remote_ip", "status"), "$__auto"),
+            "{{user_id}} {{status}} at {{site}} from {{request_remote_ip}}",
+        ),
+        width=24,
+    )
     variables = [
         *node_variables("telemetry_client"),
         metric_variable("sink", "Sink", "sink", "telemetry_client", ("network",)),
@@ -72,7 +90,8 @@ def build() -> Json:
     return dashboard(
         "telemetry-health",
         "Telemetry health",
-        "The telemetry client's own counters: queued, sent, retried and dropped, per sink.",
+        "The telemetry client's own counters: queued, sent, retried and dropped, per sink; the requests the "
+        "production edge refused, per node.",
         ["telemetry-health"],
         variables,
         ly,
