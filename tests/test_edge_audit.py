@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 import yaml
-from grafana_receiver import logql_query
-from loki_receiver import LokiReceiver
+from grafana_receiver import TenantView, logql_query
+from loki_receiver import LokiReceiver, production_loki
 
 from grafana.alerting_src import render
 from grafana.alerting_src import settings as st
@@ -56,8 +56,10 @@ def _rule_expr() -> str:
 
 
 def _vector(expr: str, entries: list[Any], at_ns: int, window: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """The instant vector Grafana gets reading every tenant (the edge's and each node's), as production does."""
     text = expr.replace("$__range", window).replace("$__auto", window)
-    data = logql_query(text, entries, at_ns, at_ns, None)
+    view = TenantView(tuple(sorted({e.tenant for e in entries} | {audit.EDGE_TENANT, "0"})), multi_tenant=True)
+    data = logql_query(text, entries, at_ns, at_ns, None, view=view)
     return {tuple(sorted(r["metric"].items())): float(r["value"][1]) for r in data["result"]}
 
 
@@ -99,7 +101,7 @@ def test_simulated_lines_land_in_the_edge_tenant_with_the_shipper_s_labels() -> 
     started = time.time_ns()
     faults = ft.resolve([ft.Fault.parse(f"{edge.FAULT}@4")], {"0": "miner"}, 10.0)
     answered = edge.requests(NODES, faults, started, 10.0)
-    with LokiReceiver() as loki:
+    with production_loki() as loki:
         assert edge.push(loki.base_url, answered) == len(answered)
         entries = loki.entries
     assert {entry.tenant for entry in entries} == {audit.EDGE_TENANT}
@@ -124,7 +126,7 @@ def test_the_rule_and_the_panel_count_the_edge_tenant_alone() -> None:
     faults = ft.resolve([ft.Fault.parse(f"{edge.FAULT}@4")], {"0": "miner"}, 10.0)
     answered = edge.requests(NODES, faults, started, 10.0)
     end = started + 10 * 1_000_000_000
-    with LokiReceiver() as loki:
+    with production_loki() as loki:
         edge.push(loki.base_url, answered)
         # A node pushes lines that look the same into its own tenant: forged refusals blaming another address.
         forged = [r for r in answered if r.status == 401][:50]
@@ -160,7 +162,7 @@ def test_a_refused_node_is_named_by_its_credential() -> None:
         edge.Request(at + 1, "metrics", 429, "miner-7", edge.node_address(7)),
         edge.Request(at + 2, "metrics", 204, "miner-8", edge.node_address(8)),
     ]
-    with LokiReceiver() as loki:
+    with production_loki() as loki:
         edge.push(loki.base_url, answered)
         entries = loki.entries
     panel = _vector(_panel_expr(), entries, at + 1_000_000_000, "5s")
@@ -171,7 +173,7 @@ def test_a_refused_node_is_named_by_its_credential() -> None:
 
 
 def test_a_refused_push_of_the_audit_lines_says_what_loki_answered() -> None:
-    with LokiReceiver() as loki:
+    with production_loki() as loki:
         loki.fail_next(1, status=401, body="no org id")
         with pytest.raises(RuntimeError, match="HTTP 401 no org id"):
             edge.push(loki.base_url, edge.requests(NODES[:1], [], time.time_ns(), 2.0))
@@ -244,7 +246,7 @@ def test_real_caddy_writes_the_fields_the_queries_read_and_the_simulator_writes(
     assert all(isinstance(line["ts"], float) and isinstance(line["status"], int) for line in lines)
 
     # The real lines, labelled as the shipper labels them, through the rule's query.
-    with LokiReceiver() as loki:
+    with production_loki() as loki:
         for line in lines:
             labels = {"job": audit.JOB, "site": "logs", "status_class": audit.status_class(line["status"])}
             _push_as(loki, audit.EDGE_TENANT, labels, [(int(line["ts"] * 1e9), json.dumps(line))])
