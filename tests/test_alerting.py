@@ -35,8 +35,9 @@ import yaml
 from grafana import build_alerting as ba
 from grafana.alerting_src import render as rd
 from grafana.alerting_src import settings as st
-from grafana.alerting_src.rules import RULES
+from grafana.alerting_src.rules import RULES, WORK_MEASUREMENTS
 from grafana.dashboards_src import BUILDERS
+from telemetry_client.catalog import CATALOG
 
 ROOT = Path(__file__).resolve().parents[1]
 ALERTING = ROOT / "grafana" / "alerting"
@@ -160,6 +161,16 @@ def test_rules_have_the_provisioning_shape_once_rendered(tmp_path: Path, backend
             for text in [*annotations.values(), *rule["labels"].values()]:
                 assert "$" not in text, rule["uid"]
     assert len(uids) == len(set(uids)) == len(RULES)
+
+
+def test_each_work_measurement_has_a_role_of_its_own() -> None:
+    """What keeps the store and node-silent rules' series uniquely labelled (grafana/alerting_src/rules.py).
+
+    Their InfluxQL spans WORK_MEASUREMENTS and groups by role or by node; two measurements
+    written by one role would give two series with the same labels, which Grafana makes an Error.
+    """
+    roles = [CATALOG[name].roles for name in WORK_MEASUREMENTS]
+    assert all(len(r) == 1 for r in roles) and len({r[0] for r in roles}) == len(roles), roles
 
 
 def test_every_rule_names_the_node_labels_in_its_description() -> None:

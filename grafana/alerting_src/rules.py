@@ -22,7 +22,11 @@ from grafana.builder.backend import Backend, building_for
 from grafana.builder.queries import uid_from_tenant
 from telemetry_client.catalog import DROP_REASONS
 
-# Measurements whose points prove a node is working, one per role.
+# Measurements whose points prove a node is working, one per role. An InfluxQL query over
+# several measurements returns one series per measurement, labelled with its tags only, and
+# Grafana makes a rule with two results of the same labels one Error (simulator/expressions.py
+# cites where): since each of these is written by one role only (telemetry_client/catalog.py),
+# grouping by role, or by node, keeps every series' labels unique.
 WORK_MEASUREMENTS: tuple[str, ...] = ("training_step", "validator_scores", "aggregator_step", "evaluator_benchmark")
 # Drops that mean the data did not arrive. sampled_out is the caller's choice, and so is
 # disabled (a logger left off); non_finite drops one value of a point that is delivered
@@ -297,7 +301,10 @@ def metrics_store_unavailable() -> Rule:
         ),
         severity="critical",
         data=[
-            metrics_query("A", q.points("window", WORK_MEASUREMENTS), TimeRange("ALERT_STORE_WINDOW_SECONDS")),
+            # Per role: all together would be one series per measurement, all labelled {} (see WORK_MEASUREMENTS).
+            metrics_query(
+                "A", q.points("window", WORK_MEASUREMENTS, ("role",)), TimeRange("ALERT_STORE_WINDOW_SECONDS")
+            ),
             reduce("B", "A", "sum"),
             # Never true on data: this rule fires through its no-data and error states only.
             math("C", "$B < 0"),
