@@ -84,8 +84,12 @@ class AlertCheck:
 
 
 def run_settings(load_seconds: float, window_seconds: float) -> dict[str, str]:
-    """The settings the simulator evaluates with: `simulated` values, windows that span the run."""
-    span = str(max(1, math.ceil(load_seconds)))
+    """The settings the simulator evaluates with: `simulated` values, windows that span the run.
+
+    A run shorter than MIN_RUN_SECONDS is not judged, but its settings still have to be
+    valid (a baseline above its window), so the span never goes below it.
+    """
+    span = str(math.ceil(max(MIN_RUN_SECONDS, load_seconds)))
     derived = {
         "ALERT_NODE_SILENT_LOOKBACK_SECONDS": span,
         "ALERT_LOSS_BASELINE_SECONDS": span,

@@ -37,6 +37,7 @@ from grafana.alerting_src import render as rd
 from grafana.alerting_src import settings as st
 from grafana.alerting_src.rules import RULES, WORK_MEASUREMENTS
 from grafana.dashboards_src import BUILDERS
+from simulator import alerting as al
 from telemetry_client.catalog import CATALOG
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -209,11 +210,56 @@ def test_every_placeholder_is_a_setting_and_every_setting_is_used(backend: str) 
 @pytest.mark.parametrize(
     ("name", "value"),
     [("ALERT_GPU_MEMORY_PERCENT", "95%"), ("ALERT_LOSS_WINDOW_SECONDS", "5m"), ("ALERT_NODE_SILENT_STEPS", "0"),
-     ("ALERT_WEBHOOK_TYPE", "teams"), ("ALERT_NO_SUCH_SETTING", "1")],
+     ("ALERT_WEBHOOK_TYPE", "teams"), ("ALERT_NO_SUCH_SETTING", "1"), ("ALERT_LOSS_WINDOW_SECONDS", "0600"),
+     ("ALERT_NODE_SILENT_STEP_SECONDS", "0")],
 )  # fmt: skip
 def test_a_malformed_setting_is_refused_with_its_name(name: str, value: str) -> None:
     with pytest.raises(ValueError, match=name):
         st.resolve({name: value})
+
+
+# Settings Grafana refuses at start (grafana/alerting_src/settings.py cites where), with what the error must name.
+REFUSED_BY_GRAFANA = [
+    ({"ALERT_EVALUATION_SECONDS": "0"}, ["ALERT_EVALUATION_SECONDS", "multiple of 10"]),
+    ({"ALERT_EVALUATION_SECONDS": "45"}, ["ALERT_EVALUATION_SECONDS", "multiple of 10"]),
+    ({"ALERT_STORE_WINDOW_SECONDS": "0"}, ["ALERT_STORE_WINDOW_SECONDS", "telemetry-influxdb-unavailable"]),
+    ({"ALERT_RESOURCE_WINDOW_SECONDS": "0"}, ["ALERT_RESOURCE_WINDOW_SECONDS", "telemetry-host-disk-high"]),
+    (
+        {"ALERT_LOSS_WINDOW_SECONDS": "3600", "ALERT_LOSS_BASELINE_SECONDS": "3600"},
+        ["ALERT_LOSS_BASELINE_SECONDS", "ALERT_LOSS_WINDOW_SECONDS", "telemetry-loss-diverging"],
+    ),
+    (
+        {"ALERT_LOG_ERRORS_BASELINE_SECONDS": "120"},
+        ["ALERT_LOG_ERRORS_BASELINE_SECONDS", "ALERT_LOG_ERRORS_WINDOW_SECONDS", "telemetry-log-errors"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("overrides", "named"), REFUSED_BY_GRAFANA)
+def test_settings_grafana_would_refuse_are_refused_with_the_setting_and_the_rule(
+    overrides: dict[str, str], named: list[str]
+) -> None:
+    with pytest.raises(ValueError) as refused:
+        st.resolve(overrides)
+    message = str(refused.value)
+    assert "\n" not in message and all(word in message for word in named), message
+
+
+def test_every_data_query_window_is_bounded_by_settings_the_checks_know() -> None:
+    """Grafana refuses a data query whose relativeTimeRange.from is not above its to: each is checked."""
+    windows = {(w.start, w.end) for w in st.time_ranges()}
+    for backend in ("influxdb", "victoriametrics"):
+        for group in ba.rules_document(backend)["groups"]:
+            assert group["interval"] == "${ALERT_EVALUATION_SECONDS}s"
+            for rule in group["rules"]:
+                for query in rule["data"]:
+                    if query["datasourceUid"] == "__expr__":
+                        continue
+                    bounds = tuple(str(query["relativeTimeRange"][k]).strip("${}") for k in ("from", "to"))
+                    assert bounds in windows, (rule["uid"], bounds)
+    # With the defaults and the simulator's values every window starts before it ends.
+    for values in (st.defaults(), al.run_settings(10.0, 1.0), al.run_settings(1.0, 1.0)):
+        assert all(int(values[w.start]) > int(values.get(w.end, w.end)) for w in st.time_ranges())
 
 
 def test_an_unknown_placeholder_is_refused() -> None:
@@ -315,6 +361,29 @@ def test_the_entrypoint_without_contact_points_provisions_the_rules_only(tmp_pat
 def test_the_entrypoint_refuses_a_malformed_setting_by_name(tmp_path: Path, name: str, value: str) -> None:
     done = run_entrypoint(tmp_path, **{name: value})
     assert done.returncode == 1 and name in done.stderr and "provisioning=" not in done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("overrides", "named"), REFUSED_BY_GRAFANA)
+def test_the_entrypoint_refuses_what_grafana_would_refuse_in_one_line(
+    tmp_path: Path, overrides: dict[str, str], named: list[str]
+) -> None:
+    done = run_entrypoint(tmp_path, **overrides)
+    assert done.returncode == 1 and "provisioning=" not in done.stdout, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and all(word in done.stderr for word in named), done.stderr
+
+
+@pytest.mark.slow
+def test_the_entrypoint_accepts_windows_that_start_before_they_end(tmp_path: Path) -> None:
+    overrides = {
+        "ALERT_EVALUATION_SECONDS": "30",
+        "ALERT_LOSS_WINDOW_SECONDS": "60",
+        "ALERT_LOSS_BASELINE_SECONDS": "61",
+    }
+    done = run_entrypoint(tmp_path, **overrides)
+    assert done.returncode == 0, done.stderr
+    rules = yaml.safe_load((tmp_path / "provisioning" / "alerting" / "rules.yaml").read_text())
+    assert {g["interval"] for g in rules["groups"]} == {"30s"}
 
 
 def test_compose_passes_every_setting_and_mounts_the_alerting_files() -> None:
