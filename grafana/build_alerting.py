@@ -36,6 +36,7 @@ from grafana.dashboards_src import BUILDERS
 OUT_DIR = Path(__file__).resolve().parent / "alerting"
 VICTORIAMETRICS_OUT_DIR = Path(__file__).resolve().parent / "alerting-victoriametrics"
 # The folder of the dashboards (grafana/provisioning/dashboards/dashboards.yml): rules sit beside them.
+# Both provisioners find it by this title (that file says why not by uid; a test keeps them equal).
 FOLDER = "Training network"
 CONTACT_POINT = "telemetry"
 HEADER = (

@@ -164,6 +164,23 @@ def test_rules_have_the_provisioning_shape_once_rendered(tmp_path: Path, backend
     assert len(uids) == len(set(uids)) == len(RULES)
 
 
+def test_rules_and_dashboards_land_in_one_folder_found_by_title() -> None:
+    """The alerting provisioner finds its folder by title only and runs beside the dashboards' one.
+
+    grafana/grafana pkg/services/provisioning/alerting/rules_provisioner.go creates a
+    missing folder with a random uid; a dashboard provider with a folderUid looks up
+    that uid only (pkg/services/provisioning/dashboards/file_reader.go), so it would
+    make a second folder of the same title whenever the rules came first.
+    """
+    for directory in ("provisioning", "provisioning-victoriametrics"):
+        path = ROOT / "grafana" / directory / "dashboards" / "dashboards.yml"
+        [provider] = yaml.safe_load(path.read_text())["providers"]
+        assert provider["folder"] == ba.FOLDER and "folderUid" not in provider, path
+    for directory in DIRS.values():
+        groups = yaml.safe_load((directory / "rules.yaml").read_text())["groups"]
+        assert {group["folder"] for group in groups} == {ba.FOLDER}, directory
+
+
 def test_each_work_measurement_has_a_role_of_its_own() -> None:
     """What keeps the store and node-silent rules' series uniquely labelled (grafana/alerting_src/rules.py).
 
