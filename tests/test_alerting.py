@@ -35,7 +35,7 @@ import yaml
 from grafana import build_alerting as ba
 from grafana.alerting_src import render as rd
 from grafana.alerting_src import settings as st
-from grafana.alerting_src.rules import RULES, WORK_MEASUREMENTS
+from grafana.alerting_src.rules import RETIRED_RULE_UIDS, RULES, WORK_MEASUREMENTS
 from grafana.dashboards_src import BUILDERS
 from simulator import alerting as al
 from telemetry_client.catalog import CATALOG
@@ -287,7 +287,12 @@ def test_an_unknown_placeholder_is_refused() -> None:
 def test_contact_points_only_when_configured_and_no_secret_in_a_file(tmp_path: Path) -> None:
     assert set(rendered(tmp_path / "none")) == {"rules.yaml"}
     files = rendered(tmp_path / "hook", {"ALERT_WEBHOOK_TYPE": "discord"}, {"ALERTING_WEBHOOK_URL": "https://x"})
-    assert set(files) == {"rules.yaml", "contact-point-webhook.yaml", "policies.yaml"}
+    assert set(files) == {
+        "rules.yaml",
+        "contact-point-webhook.yaml",
+        "policies.yaml",
+        "retire-contact-point-email.yaml",
+    }
     receiver = files["contact-point-webhook.yaml"]["contactPoints"][0]["receivers"][0]
     assert receiver["type"] == "discord"
     assert receiver["settings"]["url"] == "${ALERTING_WEBHOOK_URL}"  # Grafana expands it; never written down
@@ -302,6 +307,38 @@ def test_contact_points_only_when_configured_and_no_secret_in_a_file(tmp_path: P
                 assert receiver["uid"] and receiver["type"] and receiver["settings"]
                 secrets = [v for v in receiver["settings"].values() if isinstance(v, str) and v.strip()]
                 assert all(REF.fullmatch(v) or v in ("true", "false") for v in secrets), receiver
+
+
+def test_an_address_left_unset_retires_its_integration_only_while_another_remains(tmp_path: Path) -> None:
+    """Grafana keeps a contact point whose file is left out; only deleteContactPoints removes it.
+
+    Deleting the last integration of the contact point the provisioned policy routes to
+    would fail Grafana's start, so with no address left nothing is deleted unless asked,
+    and then the policy tree is reset first (provisioner.go unprovisions policies first).
+    """
+    email_only = rendered(tmp_path / "email", env={"ALERTING_EMAIL_ADDRESSES": "a@b"})
+    assert set(email_only) == {"rules.yaml", "contact-point-email.yaml", "policies.yaml", rd.RETIRE_FILES[
+        "contact-point-webhook.yaml"]}  # fmt: skip
+    retired = email_only["retire-contact-point-webhook.yaml"]["deleteContactPoints"]
+    webhook = yaml.safe_load((ALERTING / "contact-point-webhook.yaml").read_text())["contactPoints"][0]["receivers"]
+    assert retired == [{"orgId": 1, "uid": webhook[0]["uid"]}]
+    assert set(rendered(tmp_path / "none", env={rd.RETIRE_SWITCH: "false"})) == {"rules.yaml"}
+    everything = rendered(tmp_path / "retire", env={rd.RETIRE_SWITCH: "true"})
+    assert set(everything) == {"rules.yaml", rd.RESET_FILE, *rd.RETIRE_FILES.values()}
+    assert everything[rd.RESET_FILE] == {"apiVersion": 1, "resetPolicies": [1]}
+    uids = {d["uid"] for f in rd.RETIRE_FILES.values() for d in everything[f]["deleteContactPoints"]}
+    assert uids == {"telemetry-webhook", "telemetry-email"}
+
+
+def test_retired_rules_are_deleted_by_uid_and_never_defined() -> None:
+    """A rule left out of rules.yaml keeps evaluating in Grafana; deleteRules is what removes it."""
+    document = ba.rules_document("influxdb", retired=("telemetry-old-rule",))
+    assert document["deleteRules"] == [{"orgId": 1, "uid": "telemetry-old-rule"}]
+    assert "deleteRules" not in ba.rules_document("influxdb", retired=())
+    with pytest.raises(ValueError, match="telemetry-node-silent"):
+        ba.rules_document("influxdb", retired=("telemetry-node-silent",))
+    committed = yaml.safe_load((ALERTING / "rules.yaml").read_text())
+    assert [d["uid"] for d in committed.get("deleteRules", [])] == list(RETIRED_RULE_UIDS)
 
 
 def test_settings_env_lists_every_setting_with_its_default() -> None:
@@ -358,6 +395,23 @@ def test_the_entrypoint_renders_exactly_what_the_python_renderer_does(tmp_path: 
         assert (rendered_dir / path.name).read_text() == path.read_text(), path.name
     # The rest of the provisioning is handed over as it is.
     assert (tmp_path / "provisioning" / "datasources" / "datasources.yml").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "env",
+    [{"ALERTING_EMAIL_ADDRESSES": "ops@example.org"}, {"ALERTING_RETIRE_CONTACT_POINTS": "true"}, {}],
+)
+def test_the_entrypoint_retires_contact_points_as_the_python_renderer_does(tmp_path: Path, env: dict[str, str]) -> None:
+    empty = tmp_path / "alerting_webhook_url"
+    empty.write_text("")
+    done = run_entrypoint(tmp_path, ALERTING_WEBHOOK_URL_FILE=str(empty), **env)
+    assert done.returncode == 0, done.stderr
+    expected = rd.render_dir(ALERTING, tmp_path / "python", {}, env)
+    rendered_dir = tmp_path / "provisioning" / "alerting"
+    assert sorted(p.name for p in rendered_dir.iterdir()) == sorted(p.name for p in expected)
+    for path in expected:
+        assert (rendered_dir / path.name).read_text() == path.read_text(), path.name
 
 
 @pytest.mark.slow

@@ -36,6 +36,7 @@ fi
 # Grafana a copy of its provisioning with the rendered files in alerting/. The
 # contact point files are included only when their address is set (Grafana
 # refuses a contact point without one); Grafana expands those addresses itself.
+# The retire files delete what an unset address left behind (see below).
 # grafana/alerting_src/render.py does exactly the same (a test compares them).
 alerting_dir="${TELEMETRY_ALERTING_DIR:-/etc/telemetry/alerting}"
 if [ -d "${alerting_dir}" ]; then
@@ -134,7 +135,18 @@ EOF
     render contact-point-email.yaml
     contacts=1
   fi
-  [ "${contacts}" = 0 ] || render policies.yaml
+  # Grafana never deletes what a file no longer holds (docs/alerting.md): with one
+  # address set, the other's integration is deleted; with none, only when
+  # ALERTING_RETIRE_CONTACT_POINTS=true, which also resets the policy tree.
+  if [ "${contacts}" = 1 ]; then
+    render policies.yaml
+    [ -n "${ALERTING_WEBHOOK_URL:-}" ] || render retire-contact-point-webhook.yaml
+    [ -n "${ALERTING_EMAIL_ADDRESSES:-}" ] || render retire-contact-point-email.yaml
+  elif [ "${ALERTING_RETIRE_CONTACT_POINTS:-}" = true ]; then
+    render reset-policies.yaml
+    render retire-contact-point-webhook.yaml
+    render retire-contact-point-email.yaml
+  fi
   GF_PATHS_PROVISIONING="${target_dir}"
   export GF_PATHS_PROVISIONING
 fi
