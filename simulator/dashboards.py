@@ -214,44 +214,67 @@ class TimeRange:
         return self.end - self.start
 
 
-_NICE_INTERVALS_S = (
-    1,
-    2,
-    5,
-    10,
-    15,
-    20,
-    30,
-    60,
-    120,
-    300,
-    600,
-    900,
-    1200,
-    1800,
-    3600,
-    7200,
-    10800,
-    21600,
-    43200,
-    86400,
-    604800,
+# Grafana's roundInterval (grafana/grafana packages/grafana-data/src/datetime/rangeutil.ts):
+# (below this many ms, the interval is this many ms), so range / points goes to the NEAREST of
+# its steps (21.6 s to 20 s, 86.4 s to 1 m), not up to the next one. Above the last: 1 year.
+_ROUND_INTERVAL_MS: tuple[tuple[int, int], ...] = (
+    (10, 1),
+    (15, 10),
+    (35, 20),
+    (75, 50),
+    (150, 100),
+    (350, 200),
+    (750, 500),
+    (1500, 1000),
+    (3500, 2000),
+    (7500, 5000),
+    (12500, 10000),
+    (17500, 15000),
+    (25000, 20000),
+    (45000, 30000),
+    (90000, 60000),
+    (210000, 120000),
+    (450000, 300000),
+    (750000, 600000),
+    (1050000, 900000),
+    (1500000, 1200000),
+    (2700000, 1800000),
+    (5400000, 3600000),
+    (9000000, 7200000),
+    (16200000, 10800000),
+    (32400000, 21600000),
+    (86400000, 43200000),
+    (604800000, 86400000),
+    (1814400000, 604800000),
+    (3628800000, 2592000000),
 )
+_LONGEST_INTERVAL_MS = 31536000000
+# calculateInterval's low limit when the data source and the panel set none: 1 ms.
+NO_MIN_INTERVAL = timedelta(milliseconds=1)
+# The provisioned InfluxDB data source's timeInterval (grafana/provisioning/datasources/):
+# the floor Grafana applies to $__interval for its queries. The Loki data source has none.
+INFLUXDB_TIME_INTERVAL = timedelta(seconds=10)
+
+
+def round_interval(interval_ms: float) -> int:
+    """rangeutil.ts roundInterval: a raw interval in ms to the nearest of Grafana's steps, in ms."""
+    for below, step in _ROUND_INTERVAL_MS:
+        if interval_ms < below:
+            return step
+    return _LONGEST_INTERVAL_MS
 
 
 def auto_interval(
-    time_range: TimeRange, max_data_points: int = 1000, min_interval: timedelta = timedelta(seconds=10)
+    time_range: TimeRange, max_data_points: int = 1000, min_interval: timedelta = NO_MIN_INTERVAL
 ) -> timedelta:
-    """Grafana's $__interval, approximately: range / points, rounded up to a nice step.
+    """Grafana's $__interval: range / max data points rounded to the nearest step, then at least `min_interval`.
 
-    The lower bound is the InfluxDB data source's `timeInterval` (10s).
+    rangeutil.ts calculateInterval: the minimum (the data source's timeInterval, or the
+    panel's min interval) is applied after rounding and is not rounded itself.
     """
-    raw = time_range.duration.total_seconds() / max(1, max_data_points)
-    raw = max(raw, min_interval.total_seconds())
-    for step in _NICE_INTERVALS_S:
-        if step >= raw:
-            return timedelta(seconds=step)
-    return timedelta(seconds=_NICE_INTERVALS_S[-1])
+    raw_ms = time_range.duration.total_seconds() * 1000 / max(1, max_data_points)
+    interval_ms = max(round_interval(raw_ms), round(min_interval.total_seconds() * 1000))
+    return timedelta(milliseconds=interval_ms)
 
 
 def format_duration(value: timedelta) -> str:
@@ -429,7 +452,7 @@ def expand_influxql(
     `values` maps variable names to their chosen value (None or "$__all" for All);
     `dashboard` supplies the variables' definitions (multi, includeAll, allValue).
     """
-    interval = interval or auto_interval(time_range)
+    interval = interval or auto_interval(time_range, min_interval=INFLUXDB_TIME_INTERVAL)
     builtins = _builtins_influxql(time_range, interval)
     values = values or {}
     definitions = _definitions(dashboard)
@@ -475,6 +498,9 @@ def expand_logql(
       for the LogQL string, one for the regex) and joined with `|`, no parentheses.
     Inside a regex string (=~, !~, |~) several values are accepted; elsewhere this
     refuses them (a query that would silently match nothing).
+
+    Without an `interval`, Grafana's own: the Loki data source is provisioned without a
+    timeInterval, so nothing bounds it from below (not 10 s as for the metrics stores).
     """
     interval = interval or auto_interval(time_range)
     builtins = _common_builtins(time_range, interval) | {"__auto": format_duration(interval)}

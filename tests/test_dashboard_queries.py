@@ -52,10 +52,38 @@ def test_interval_and_range_macros() -> None:
     )
 
 
-def test_auto_interval_is_a_nice_step_not_below_the_minimum() -> None:
-    assert dash.auto_interval(dash.TimeRange.last(timedelta(minutes=5), NOW)) == timedelta(seconds=10)
-    day = dash.auto_interval(dash.TimeRange.last(timedelta(days=1), NOW))
-    assert day == timedelta(minutes=2)  # 86.4 s rounded up to a step Grafana uses
+@pytest.mark.parametrize(
+    ("span", "expected"),
+    [
+        # range / 1,000 points to the NEAREST of Grafana's steps (rangeutil.ts roundInterval)
+        (timedelta(hours=6), timedelta(seconds=20)),  # 21.6 s
+        (timedelta(hours=24), timedelta(minutes=1)),  # 86.4 s
+        (timedelta(days=7), timedelta(minutes=10)),  # 604.8 s
+        (timedelta(hours=1), timedelta(seconds=5)),  # 3.6 s, no floor (the Loki data source has none)
+        (timedelta(minutes=5), timedelta(milliseconds=200)),  # 300 ms
+        (timedelta(days=365), timedelta(hours=6)),  # 8.76 h
+    ],
+)
+def test_auto_interval_rounds_to_the_nearest_step_as_grafana_does(span: timedelta, expected: timedelta) -> None:
+    assert dash.auto_interval(dash.TimeRange.last(span, NOW), 1000) == expected
+
+
+def test_the_minimum_interval_applies_after_rounding_and_only_to_the_metrics_stores() -> None:
+    five_minutes = dash.TimeRange.last(timedelta(minutes=5), NOW)
+    assert dash.auto_interval(five_minutes, 1000, dash.INFLUXDB_TIME_INTERVAL) == timedelta(seconds=10)
+    # a minimum that is no step of Grafana's stays as it is (calculateInterval does not round it)
+    assert dash.auto_interval(five_minutes, 1000, timedelta(seconds=45)) == timedelta(seconds=45)
+    # above the minimum, the rounded interval wins
+    assert dash.auto_interval(dash.TimeRange.last(timedelta(hours=6), NOW), 1000, timedelta(seconds=10)) == timedelta(
+        seconds=20
+    )
+    query = 'sum(count_over_time({app="x"}[$__interval]))'
+    assert dash.expand_logql(query, five_minutes) == 'sum(count_over_time({app="x"}[200ms]))'
+    assert dash.expand_influxql("GROUP BY time($__interval)", five_minutes) == "GROUP BY time(10s)"
+    assert dash.expand_metricsql("rate(x[$__interval])", five_minutes) == "rate(x[10s])"
+
+
+def test_format_duration() -> None:
     assert dash.format_duration(timedelta(hours=6)) == "6h"
     assert dash.format_duration(timedelta(seconds=90)) == "90s"
     assert dash.format_duration(timedelta(milliseconds=1500)) == "1500ms"
