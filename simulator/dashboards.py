@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -381,7 +381,12 @@ def _substitute(
     escape: Any,
     raw: Any = None,
     join: Any = _parenthesised,
+    interpolate: Callable[[str, VariableValue, Mapping[str, Any] | None, bool], str] | None = None,
 ) -> str:
+    """Fill in `text`; `interpolate`, when given, is the data source's own rule in place of `_format`."""
+    formatter = interpolate or (lambda name, value, definition, in_regex: _format(
+        name, value, definition, in_regex, escape, raw, join))  # fmt: skip
+
     def replace(match: re.Match[str]) -> str:
         name = match.group(1) or match.group(3) or match.group(5)
         explicit = match.group(2) or match.group(4)
@@ -393,7 +398,7 @@ def _substitute(
                 return _format(name, values[name], definitions.get(name), False, str)
             return _EXPLICIT_FORMATS[explicit](chosen)
         if name in values:
-            return _format(name, values[name], definitions.get(name), regex, escape, raw, join)
+            return formatter(name, values[name], definitions.get(name), regex)
         if name.isdigit():
             # A regex group of label_replace's replacement ("$1"): no variable has that name, and
             # Grafana leaves a reference to no variable as it is (public/app/features/templating/
@@ -439,6 +444,46 @@ def loki_regex_escape(value: str) -> str:
     return _LOKI_SPECIAL.sub(lambda m: "\\\\" + m.group(1), value)
 
 
+# JavaScript's parseFloat succeeds (is not NaN) when the text starts with a decimal number.
+_JS_FLOAT_PREFIX = re.compile(r"^\s*[+-]?(?:Infinity|[0-9]+\.?[0-9]*|\.[0-9]+)")
+
+
+def parses_as_number(text: str) -> bool:
+    """`!isNaN(parseFloat(text))`: "12", "1.4.2+cu121" and "3 (gpu)" do, "v1.4" does not."""
+    return bool(_JS_FLOAT_PREFIX.match(text))
+
+
+def _influx_interpolate(name: str, value: VariableValue, definition: Mapping[str, Any] | None, regex: bool) -> str:
+    """The InfluxDB data source's interpolateQueryExpr, for a variable without an explicit format.
+
+    grafana/grafana-influxdb-datasource src/datasource.ts (the data source Grafana 13
+    bundles as `influxdb`; read at commits d4dcc5c and 1e78d52, which differ only in how
+    they tell a regex literal):
+    - a single value (a string, as a URL or a text box gives it) that parseFloat reads
+      as a number is inserted as it is, never escaped: "1.4.2+cu121" (parseFloat 1.4)
+      stays unescaped in /^...$/, where `+` is a quantifier, and matches no such tag;
+    - a multi-value variable: a single value escaped (escapeRegex), several (a list,
+      even of one) escaped and joined as `(a|b)`;
+    - any other variable: escaped the same way only inside a regex literal, else as is.
+    "All" is the variable's allValue as it is (or every option), before the data source
+    sees it (`_format`). `${var:regex}` is not this: Grafana's regex format escapes
+    every value whatever it looks like, which is why the dashboards use it.
+    """
+    definition = definition or {"multi": True, "includeAll": True, "allValue": ".*"}
+    if _values(value) is None:
+        return _format(name, value, definition, regex, influx_regex_escape)
+    if isinstance(value, str):
+        if parses_as_number(value) or not (definition.get("multi") or regex):
+            return value
+        return influx_regex_escape(value)
+    values = list(value)
+    if not regex and (len(values) != 1 or not definition.get("multi")):
+        # `(a|b)` (or, not multi-value, the list joined by commas) outside a regex matches
+        # nothing: refused here, stricter than Grafana.
+        return _format(name, values, definition, regex, influx_regex_escape)
+    return "(" + "|".join(influx_regex_escape(v) for v in values) + ")"
+
+
 def expand_influxql(
     query: str,
     time_range: TimeRange,
@@ -456,16 +501,19 @@ def expand_influxql(
     builtins = _builtins_influxql(time_range, interval)
     values = values or {}
     definitions = _definitions(dashboard)
+
+    def fill(text: str, regex: bool) -> str:
+        return _substitute(
+            text, builtins, values, definitions, regex, influx_regex_escape, interpolate=_influx_interpolate
+        )
+
     pieces: list[str] = []
     last = 0
     for match in _INFLUX_REGEX.finditer(query):
-        pieces.append(
-            _substitute(query[last : match.start()], builtins, values, definitions, False, influx_regex_escape)
-        )
-        body = _substitute(match.group(3), builtins, values, definitions, True, influx_regex_escape)
-        pieces.append(f"{match.group(1)}{match.group(2)}/{body}/")
+        pieces.append(fill(query[last : match.start()], False))
+        pieces.append(f"{match.group(1)}{match.group(2)}/{fill(match.group(3), True)}/")
         last = match.end()
-    pieces.append(_substitute(query[last:], builtins, values, definitions, False, influx_regex_escape))
+    pieces.append(fill(query[last:], False))
     return "".join(pieces)
 
 
