@@ -9,7 +9,8 @@ its expressions (simulator/expressions.py, Grafana's semantics), then its condit
 - FIRING: at least one instance (node, process, device) is Alerting;
 - NORMAL: every instance is Normal;
 - NO DATA: a query returned nothing, or the condition is null;
-- ERROR: a query failed (the store's message is kept);
+- ERROR: a query failed (the store's message is kept), or two instances of the
+  condition have the same labels (Grafana's message, simulator/expressions.py);
 - SKIPPED: its data source is not part of the run, or the run was too short to judge.
 
 Whether Grafana would notify is then decided by the rule's own noDataState and
@@ -83,8 +84,12 @@ class AlertCheck:
 
 
 def run_settings(load_seconds: float, window_seconds: float) -> dict[str, str]:
-    """The settings the simulator evaluates with: `simulated` values, windows that span the run."""
-    span = str(max(1, math.ceil(load_seconds)))
+    """The settings the simulator evaluates with: `simulated` values, windows that span the run.
+
+    A run shorter than MIN_RUN_SECONDS is not judged, but its settings still have to be
+    valid (a baseline above its window), so the span never goes below it.
+    """
+    span = str(math.ceil(max(MIN_RUN_SECONDS, load_seconds)))
     derived = {
         "ALERT_NODE_SILENT_LOOKBACK_SECONDS": span,
         "ALERT_LOSS_BASELINE_SECONDS": span,
@@ -239,7 +244,8 @@ def evaluate_rule(
                 return check
             no_data = no_data or isinstance(results[0], ex.NoData)
             variables[query["refId"]] = results
-        states = ex.condition_states(variables[rule["condition"]])
+        # eval.go decides NoData before it looks at the condition's labels (duplicates are an Error).
+        states = [] if no_data else ex.condition_states(variables[rule["condition"]])
     except (RuntimeError, OSError, ValueError) as exc:
         check.status, check.message = ERROR, str(exc)[:500]
         check.fires = rule["execErrState"] == "Alerting"

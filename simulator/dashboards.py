@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -214,44 +214,67 @@ class TimeRange:
         return self.end - self.start
 
 
-_NICE_INTERVALS_S = (
-    1,
-    2,
-    5,
-    10,
-    15,
-    20,
-    30,
-    60,
-    120,
-    300,
-    600,
-    900,
-    1200,
-    1800,
-    3600,
-    7200,
-    10800,
-    21600,
-    43200,
-    86400,
-    604800,
+# Grafana's roundInterval (grafana/grafana packages/grafana-data/src/datetime/rangeutil.ts):
+# (below this many ms, the interval is this many ms), so range / points goes to the NEAREST of
+# its steps (21.6 s to 20 s, 86.4 s to 1 m), not up to the next one. Above the last: 1 year.
+_ROUND_INTERVAL_MS: tuple[tuple[int, int], ...] = (
+    (10, 1),
+    (15, 10),
+    (35, 20),
+    (75, 50),
+    (150, 100),
+    (350, 200),
+    (750, 500),
+    (1500, 1000),
+    (3500, 2000),
+    (7500, 5000),
+    (12500, 10000),
+    (17500, 15000),
+    (25000, 20000),
+    (45000, 30000),
+    (90000, 60000),
+    (210000, 120000),
+    (450000, 300000),
+    (750000, 600000),
+    (1050000, 900000),
+    (1500000, 1200000),
+    (2700000, 1800000),
+    (5400000, 3600000),
+    (9000000, 7200000),
+    (16200000, 10800000),
+    (32400000, 21600000),
+    (86400000, 43200000),
+    (604800000, 86400000),
+    (1814400000, 604800000),
+    (3628800000, 2592000000),
 )
+_LONGEST_INTERVAL_MS = 31536000000
+# calculateInterval's low limit when the data source and the panel set none: 1 ms.
+NO_MIN_INTERVAL = timedelta(milliseconds=1)
+# The provisioned InfluxDB data source's timeInterval (grafana/provisioning/datasources/):
+# the floor Grafana applies to $__interval for its queries. The Loki data source has none.
+INFLUXDB_TIME_INTERVAL = timedelta(seconds=10)
+
+
+def round_interval(interval_ms: float) -> int:
+    """rangeutil.ts roundInterval: a raw interval in ms to the nearest of Grafana's steps, in ms."""
+    for below, step in _ROUND_INTERVAL_MS:
+        if interval_ms < below:
+            return step
+    return _LONGEST_INTERVAL_MS
 
 
 def auto_interval(
-    time_range: TimeRange, max_data_points: int = 1000, min_interval: timedelta = timedelta(seconds=10)
+    time_range: TimeRange, max_data_points: int = 1000, min_interval: timedelta = NO_MIN_INTERVAL
 ) -> timedelta:
-    """Grafana's $__interval, approximately: range / points, rounded up to a nice step.
+    """Grafana's $__interval: range / max data points rounded to the nearest step, then at least `min_interval`.
 
-    The lower bound is the InfluxDB data source's `timeInterval` (10s).
+    rangeutil.ts calculateInterval: the minimum (the data source's timeInterval, or the
+    panel's min interval) is applied after rounding and is not rounded itself.
     """
-    raw = time_range.duration.total_seconds() / max(1, max_data_points)
-    raw = max(raw, min_interval.total_seconds())
-    for step in _NICE_INTERVALS_S:
-        if step >= raw:
-            return timedelta(seconds=step)
-    return timedelta(seconds=_NICE_INTERVALS_S[-1])
+    raw_ms = time_range.duration.total_seconds() * 1000 / max(1, max_data_points)
+    interval_ms = max(round_interval(raw_ms), round(min_interval.total_seconds() * 1000))
+    return timedelta(milliseconds=interval_ms)
 
 
 def format_duration(value: timedelta) -> str:
@@ -358,7 +381,12 @@ def _substitute(
     escape: Any,
     raw: Any = None,
     join: Any = _parenthesised,
+    interpolate: Callable[[str, VariableValue, Mapping[str, Any] | None, bool], str] | None = None,
 ) -> str:
+    """Fill in `text`; `interpolate`, when given, is the data source's own rule in place of `_format`."""
+    formatter = interpolate or (lambda name, value, definition, in_regex: _format(
+        name, value, definition, in_regex, escape, raw, join))  # fmt: skip
+
     def replace(match: re.Match[str]) -> str:
         name = match.group(1) or match.group(3) or match.group(5)
         explicit = match.group(2) or match.group(4)
@@ -370,7 +398,7 @@ def _substitute(
                 return _format(name, values[name], definitions.get(name), False, str)
             return _EXPLICIT_FORMATS[explicit](chosen)
         if name in values:
-            return _format(name, values[name], definitions.get(name), regex, escape, raw, join)
+            return formatter(name, values[name], definitions.get(name), regex)
         if name.isdigit():
             # A regex group of label_replace's replacement ("$1"): no variable has that name, and
             # Grafana leaves a reference to no variable as it is (public/app/features/templating/
@@ -416,6 +444,46 @@ def loki_regex_escape(value: str) -> str:
     return _LOKI_SPECIAL.sub(lambda m: "\\\\" + m.group(1), value)
 
 
+# JavaScript's parseFloat succeeds (is not NaN) when the text starts with a decimal number.
+_JS_FLOAT_PREFIX = re.compile(r"^\s*[+-]?(?:Infinity|[0-9]+\.?[0-9]*|\.[0-9]+)")
+
+
+def parses_as_number(text: str) -> bool:
+    """`!isNaN(parseFloat(text))`: "12", "1.4.2+cu121" and "3 (gpu)" do, "v1.4" does not."""
+    return bool(_JS_FLOAT_PREFIX.match(text))
+
+
+def _influx_interpolate(name: str, value: VariableValue, definition: Mapping[str, Any] | None, regex: bool) -> str:
+    """The InfluxDB data source's interpolateQueryExpr, for a variable without an explicit format.
+
+    grafana/grafana-influxdb-datasource src/datasource.ts (the data source Grafana 13
+    bundles as `influxdb`; read at commits d4dcc5c and 1e78d52, which differ only in how
+    they tell a regex literal):
+    - a single value (a string, as a URL or a text box gives it) that parseFloat reads
+      as a number is inserted as it is, never escaped: "1.4.2+cu121" (parseFloat 1.4)
+      stays unescaped in /^...$/, where `+` is a quantifier, and matches no such tag;
+    - a multi-value variable: a single value escaped (escapeRegex), several (a list,
+      even of one) escaped and joined as `(a|b)`;
+    - any other variable: escaped the same way only inside a regex literal, else as is.
+    "All" is the variable's allValue as it is (or every option), before the data source
+    sees it (`_format`). `${var:regex}` is not this: Grafana's regex format escapes
+    every value whatever it looks like, which is why the dashboards use it.
+    """
+    definition = definition or {"multi": True, "includeAll": True, "allValue": ".*"}
+    if _values(value) is None:
+        return _format(name, value, definition, regex, influx_regex_escape)
+    if isinstance(value, str):
+        if parses_as_number(value) or not (definition.get("multi") or regex):
+            return value
+        return influx_regex_escape(value)
+    values = list(value)
+    if not regex and (len(values) != 1 or not definition.get("multi")):
+        # `(a|b)` (or, not multi-value, the list joined by commas) outside a regex matches
+        # nothing: refused here, stricter than Grafana.
+        return _format(name, values, definition, regex, influx_regex_escape)
+    return "(" + "|".join(influx_regex_escape(v) for v in values) + ")"
+
+
 def expand_influxql(
     query: str,
     time_range: TimeRange,
@@ -429,20 +497,23 @@ def expand_influxql(
     `values` maps variable names to their chosen value (None or "$__all" for All);
     `dashboard` supplies the variables' definitions (multi, includeAll, allValue).
     """
-    interval = interval or auto_interval(time_range)
+    interval = interval or auto_interval(time_range, min_interval=INFLUXDB_TIME_INTERVAL)
     builtins = _builtins_influxql(time_range, interval)
     values = values or {}
     definitions = _definitions(dashboard)
+
+    def fill(text: str, regex: bool) -> str:
+        return _substitute(
+            text, builtins, values, definitions, regex, influx_regex_escape, interpolate=_influx_interpolate
+        )
+
     pieces: list[str] = []
     last = 0
     for match in _INFLUX_REGEX.finditer(query):
-        pieces.append(
-            _substitute(query[last : match.start()], builtins, values, definitions, False, influx_regex_escape)
-        )
-        body = _substitute(match.group(3), builtins, values, definitions, True, influx_regex_escape)
-        pieces.append(f"{match.group(1)}{match.group(2)}/{body}/")
+        pieces.append(fill(query[last : match.start()], False))
+        pieces.append(f"{match.group(1)}{match.group(2)}/{fill(match.group(3), True)}/")
         last = match.end()
-    pieces.append(_substitute(query[last:], builtins, values, definitions, False, influx_regex_escape))
+    pieces.append(fill(query[last:], False))
     return "".join(pieces)
 
 
@@ -475,6 +546,9 @@ def expand_logql(
       for the LogQL string, one for the regex) and joined with `|`, no parentheses.
     Inside a regex string (=~, !~, |~) several values are accepted; elsewhere this
     refuses them (a query that would silently match nothing).
+
+    Without an `interval`, Grafana's own: the Loki data source is provisioned without a
+    timeInterval, so nothing bounds it from below (not 10 s as for the metrics stores).
     """
     interval = interval or auto_interval(time_range)
     builtins = _common_builtins(time_range, interval) | {"__auto": format_duration(interval)}

@@ -19,7 +19,16 @@ Grafana. Every rule below cites where it comes from:
   outside_range `$X < a || $X > b`, evaluated as math.
 - pkg/services/ngalert/eval/eval.go (evaluateExecutionResult): a query that returns
   no data makes the whole rule NoData; per condition value, 0 is Normal, anything
-  else (NaN included) Alerting, null NoData.
+  else (NaN included) Alerting, null NoData; then, if two results of the condition
+  have the same labels, the whole rule is one Error, "frame cannot uniquely be
+  identified by its labels: has duplicate results with labels {...}" (the labels as
+  grafana/grafana-plugin-sdk-go data/labels.go Labels.String writes them: sorted,
+  `k=v` joined by ", "). Series without labels, such as an InfluxQL query over
+  several measurements without GROUP BY returns (one series per measurement, each
+  labelled with its tags only: grafana/grafana-influxdb-datasource
+  pkg/influxdb/influxql/buffered/response_parser.go; Grafana adds no distinguishing
+  label for InfluxDB, pkg/expr/converter.go checkIfSeriesNeedToBeFixed), are such
+  duplicates.
 """
 
 from __future__ import annotations
@@ -71,6 +80,10 @@ Results = list[Value]
 
 class ExpressionError(ValueError):
     """An expression Grafana would refuse (unknown function, bad syntax, unknown refId)."""
+
+
+class DuplicateResults(ExpressionError):
+    """The condition has two results with the same labels: Grafana makes the whole rule one Error."""
 
 
 # ---------------------------------------------------------------- reduce
@@ -341,8 +354,17 @@ def threshold(results: Results, kind: str, params: Sequence[float]) -> Results:
 NORMAL, ALERTING, NODATA = "Normal", "Alerting", "NoData"
 
 
+def labels_text(labels: Labels) -> str:
+    """Labels as Grafana prints them in its messages (data.Labels.String): sorted `k=v`, joined by ", "."""
+    return ", ".join(f"{key}={labels[key]}" for key in sorted(labels))
+
+
 def condition_states(results: Results) -> list[tuple[Labels, str, Float]]:
-    """Per alert instance: (labels, state, value), as eval.go turns the condition into states."""
+    """Per alert instance: (labels, state, value), as eval.go turns the condition into states.
+
+    DuplicateResults when two instances have the same labels: eval.go then replaces
+    every state by one Error, so the rule's execErrState decides.
+    """
     out = []
     for item in results:
         if isinstance(item, NoData):
@@ -353,4 +375,14 @@ def condition_states(results: Results) -> list[tuple[Labels, str, Float]]:
             out.append((item.labels, NODATA, None))
         else:
             out.append((item.labels, NORMAL if item.value == 0 else ALERTING, item.value))
+    seen: set[str] = set()
+    for labels, _, _ in out:
+        text = labels_text(labels)
+        if text in seen:
+            # invalidEvalResultFormatError with no refID: "...for the alert definition : <reason>".
+            raise DuplicateResults(
+                "invalid format of evaluation results for the alert definition : frame cannot uniquely be "
+                f"identified by its labels: has duplicate results with labels {{{text}}}"
+            )
+        seen.add(text)
     return out

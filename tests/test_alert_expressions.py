@@ -169,3 +169,14 @@ def test_condition_states_are_evaluated_as_grafana_does() -> None:
     assert ex.condition_states([ex.NO_DATA])[0][1] == ex.NODATA
     with pytest.raises(ex.ExpressionError):
         ex.condition_states([series([1.0])])
+
+
+def test_results_with_the_same_labels_make_the_rule_one_error() -> None:
+    # Two series without tags (two measurements of one InfluxQL query) reduced and compared.
+    reduced = ex.reduce([series([1.0]), series([2.0])], "sum")
+    with pytest.raises(ex.DuplicateResults, match=r"has duplicate results with labels \{\}$"):
+        ex.condition_states(ex.evaluate_math("$B < 0", {"B": reduced}))
+    with pytest.raises(ex.DuplicateResults, match=r"labels \{role=miner, uid=1\}$"):
+        ex.condition_states([number(0.0, uid="1", role="miner"), number(1.0, role="miner", uid="1")])
+    # Different labels, or labels that only share a subset, are distinct instances.
+    assert len(ex.condition_states([number(0.0, uid="1"), number(0.0, uid="1", role="miner")])) == 2

@@ -35,8 +35,10 @@ import yaml
 from grafana import build_alerting as ba
 from grafana.alerting_src import render as rd
 from grafana.alerting_src import settings as st
-from grafana.alerting_src.rules import RULES
+from grafana.alerting_src.rules import RETIRED_RULE_UIDS, RULES, WORK_MEASUREMENTS
 from grafana.dashboards_src import BUILDERS
+from simulator import alerting as al
+from telemetry_client.catalog import CATALOG
 
 ROOT = Path(__file__).resolve().parents[1]
 ALERTING = ROOT / "grafana" / "alerting"
@@ -162,6 +164,33 @@ def test_rules_have_the_provisioning_shape_once_rendered(tmp_path: Path, backend
     assert len(uids) == len(set(uids)) == len(RULES)
 
 
+def test_rules_and_dashboards_land_in_one_folder_found_by_title() -> None:
+    """The alerting provisioner finds its folder by title only and runs beside the dashboards' one.
+
+    grafana/grafana pkg/services/provisioning/alerting/rules_provisioner.go creates a
+    missing folder with a random uid; a dashboard provider with a folderUid looks up
+    that uid only (pkg/services/provisioning/dashboards/file_reader.go), so it would
+    make a second folder of the same title whenever the rules came first.
+    """
+    for directory in ("provisioning", "provisioning-victoriametrics"):
+        path = ROOT / "grafana" / directory / "dashboards" / "dashboards.yml"
+        [provider] = yaml.safe_load(path.read_text())["providers"]
+        assert provider["folder"] == ba.FOLDER and "folderUid" not in provider, path
+    for directory in DIRS.values():
+        groups = yaml.safe_load((directory / "rules.yaml").read_text())["groups"]
+        assert {group["folder"] for group in groups} == {ba.FOLDER}, directory
+
+
+def test_each_work_measurement_has_a_role_of_its_own() -> None:
+    """What keeps the store and node-silent rules' series uniquely labelled (grafana/alerting_src/rules.py).
+
+    Their InfluxQL spans WORK_MEASUREMENTS and groups by role or by node; two measurements
+    written by one role would give two series with the same labels, which Grafana makes an Error.
+    """
+    roles = [CATALOG[name].roles for name in WORK_MEASUREMENTS]
+    assert all(len(r) == 1 for r in roles) and len({r[0] for r in roles}) == len(roles), roles
+
+
 def test_every_rule_names_the_node_labels_in_its_description() -> None:
     for rule in RULES:
         assert rule.no_data_reason and rule.exec_err_reason and rule.fired_by, rule.uid
@@ -202,11 +231,56 @@ def test_every_placeholder_is_a_setting_and_every_setting_is_used(backend: str) 
 @pytest.mark.parametrize(
     ("name", "value"),
     [("ALERT_GPU_MEMORY_PERCENT", "95%"), ("ALERT_LOSS_WINDOW_SECONDS", "5m"), ("ALERT_NODE_SILENT_STEPS", "0"),
-     ("ALERT_WEBHOOK_TYPE", "teams"), ("ALERT_NO_SUCH_SETTING", "1")],
+     ("ALERT_WEBHOOK_TYPE", "teams"), ("ALERT_NO_SUCH_SETTING", "1"), ("ALERT_LOSS_WINDOW_SECONDS", "0600"),
+     ("ALERT_NODE_SILENT_STEP_SECONDS", "0")],
 )  # fmt: skip
 def test_a_malformed_setting_is_refused_with_its_name(name: str, value: str) -> None:
     with pytest.raises(ValueError, match=name):
         st.resolve({name: value})
+
+
+# Settings Grafana refuses at start (grafana/alerting_src/settings.py cites where), with what the error must name.
+REFUSED_BY_GRAFANA = [
+    ({"ALERT_EVALUATION_SECONDS": "0"}, ["ALERT_EVALUATION_SECONDS", "multiple of 10"]),
+    ({"ALERT_EVALUATION_SECONDS": "45"}, ["ALERT_EVALUATION_SECONDS", "multiple of 10"]),
+    ({"ALERT_STORE_WINDOW_SECONDS": "0"}, ["ALERT_STORE_WINDOW_SECONDS", "telemetry-influxdb-unavailable"]),
+    ({"ALERT_RESOURCE_WINDOW_SECONDS": "0"}, ["ALERT_RESOURCE_WINDOW_SECONDS", "telemetry-host-disk-high"]),
+    (
+        {"ALERT_LOSS_WINDOW_SECONDS": "3600", "ALERT_LOSS_BASELINE_SECONDS": "3600"},
+        ["ALERT_LOSS_BASELINE_SECONDS", "ALERT_LOSS_WINDOW_SECONDS", "telemetry-loss-diverging"],
+    ),
+    (
+        {"ALERT_LOG_ERRORS_BASELINE_SECONDS": "120"},
+        ["ALERT_LOG_ERRORS_BASELINE_SECONDS", "ALERT_LOG_ERRORS_WINDOW_SECONDS", "telemetry-log-errors"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("overrides", "named"), REFUSED_BY_GRAFANA)
+def test_settings_grafana_would_refuse_are_refused_with_the_setting_and_the_rule(
+    overrides: dict[str, str], named: list[str]
+) -> None:
+    with pytest.raises(ValueError) as refused:
+        st.resolve(overrides)
+    message = str(refused.value)
+    assert "\n" not in message and all(word in message for word in named), message
+
+
+def test_every_data_query_window_is_bounded_by_settings_the_checks_know() -> None:
+    """Grafana refuses a data query whose relativeTimeRange.from is not above its to: each is checked."""
+    windows = {(w.start, w.end) for w in st.time_ranges()}
+    for backend in ("influxdb", "victoriametrics"):
+        for group in ba.rules_document(backend)["groups"]:
+            assert group["interval"] == "${ALERT_EVALUATION_SECONDS}s"
+            for rule in group["rules"]:
+                for query in rule["data"]:
+                    if query["datasourceUid"] == "__expr__":
+                        continue
+                    bounds = tuple(str(query["relativeTimeRange"][k]).strip("${}") for k in ("from", "to"))
+                    assert bounds in windows, (rule["uid"], bounds)
+    # With the defaults and the simulator's values every window starts before it ends.
+    for values in (st.defaults(), al.run_settings(10.0, 1.0), al.run_settings(1.0, 1.0)):
+        assert all(int(values[w.start]) > int(values.get(w.end, w.end)) for w in st.time_ranges())
 
 
 def test_an_unknown_placeholder_is_refused() -> None:
@@ -217,7 +291,12 @@ def test_an_unknown_placeholder_is_refused() -> None:
 def test_contact_points_only_when_configured_and_no_secret_in_a_file(tmp_path: Path) -> None:
     assert set(rendered(tmp_path / "none")) == {"rules.yaml"}
     files = rendered(tmp_path / "hook", {"ALERT_WEBHOOK_TYPE": "discord"}, {"ALERTING_WEBHOOK_URL": "https://x"})
-    assert set(files) == {"rules.yaml", "contact-point-webhook.yaml", "policies.yaml"}
+    assert set(files) == {
+        "rules.yaml",
+        "contact-point-webhook.yaml",
+        "policies.yaml",
+        "retire-contact-point-email.yaml",
+    }
     receiver = files["contact-point-webhook.yaml"]["contactPoints"][0]["receivers"][0]
     assert receiver["type"] == "discord"
     assert receiver["settings"]["url"] == "${ALERTING_WEBHOOK_URL}"  # Grafana expands it; never written down
@@ -232,6 +311,38 @@ def test_contact_points_only_when_configured_and_no_secret_in_a_file(tmp_path: P
                 assert receiver["uid"] and receiver["type"] and receiver["settings"]
                 secrets = [v for v in receiver["settings"].values() if isinstance(v, str) and v.strip()]
                 assert all(REF.fullmatch(v) or v in ("true", "false") for v in secrets), receiver
+
+
+def test_an_address_left_unset_retires_its_integration_only_while_another_remains(tmp_path: Path) -> None:
+    """Grafana keeps a contact point whose file is left out; only deleteContactPoints removes it.
+
+    Deleting the last integration of the contact point the provisioned policy routes to
+    would fail Grafana's start, so with no address left nothing is deleted unless asked,
+    and then the policy tree is reset first (provisioner.go unprovisions policies first).
+    """
+    email_only = rendered(tmp_path / "email", env={"ALERTING_EMAIL_ADDRESSES": "a@b"})
+    assert set(email_only) == {"rules.yaml", "contact-point-email.yaml", "policies.yaml", rd.RETIRE_FILES[
+        "contact-point-webhook.yaml"]}  # fmt: skip
+    retired = email_only["retire-contact-point-webhook.yaml"]["deleteContactPoints"]
+    webhook = yaml.safe_load((ALERTING / "contact-point-webhook.yaml").read_text())["contactPoints"][0]["receivers"]
+    assert retired == [{"orgId": 1, "uid": webhook[0]["uid"]}]
+    assert set(rendered(tmp_path / "none", env={rd.RETIRE_SWITCH: "false"})) == {"rules.yaml"}
+    everything = rendered(tmp_path / "retire", env={rd.RETIRE_SWITCH: "true"})
+    assert set(everything) == {"rules.yaml", rd.RESET_FILE, *rd.RETIRE_FILES.values()}
+    assert everything[rd.RESET_FILE] == {"apiVersion": 1, "resetPolicies": [1]}
+    uids = {d["uid"] for f in rd.RETIRE_FILES.values() for d in everything[f]["deleteContactPoints"]}
+    assert uids == {"telemetry-webhook", "telemetry-email"}
+
+
+def test_retired_rules_are_deleted_by_uid_and_never_defined() -> None:
+    """A rule left out of rules.yaml keeps evaluating in Grafana; deleteRules is what removes it."""
+    document = ba.rules_document("influxdb", retired=("telemetry-old-rule",))
+    assert document["deleteRules"] == [{"orgId": 1, "uid": "telemetry-old-rule"}]
+    assert "deleteRules" not in ba.rules_document("influxdb", retired=())
+    with pytest.raises(ValueError, match="telemetry-node-silent"):
+        ba.rules_document("influxdb", retired=("telemetry-node-silent",))
+    committed = yaml.safe_load((ALERTING / "rules.yaml").read_text())
+    assert [d["uid"] for d in committed.get("deleteRules", [])] == list(RETIRED_RULE_UIDS)
 
 
 def test_settings_env_lists_every_setting_with_its_default() -> None:
@@ -291,6 +402,23 @@ def test_the_entrypoint_renders_exactly_what_the_python_renderer_does(tmp_path: 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "env",
+    [{"ALERTING_EMAIL_ADDRESSES": "ops@example.org"}, {"ALERTING_RETIRE_CONTACT_POINTS": "true"}, {}],
+)
+def test_the_entrypoint_retires_contact_points_as_the_python_renderer_does(tmp_path: Path, env: dict[str, str]) -> None:
+    empty = tmp_path / "alerting_webhook_url"
+    empty.write_text("")
+    done = run_entrypoint(tmp_path, ALERTING_WEBHOOK_URL_FILE=str(empty), **env)
+    assert done.returncode == 0, done.stderr
+    expected = rd.render_dir(ALERTING, tmp_path / "python", {}, env)
+    rendered_dir = tmp_path / "provisioning" / "alerting"
+    assert sorted(p.name for p in rendered_dir.iterdir()) == sorted(p.name for p in expected)
+    for path in expected:
+        assert (rendered_dir / path.name).read_text() == path.read_text(), path.name
+
+
+@pytest.mark.slow
 def test_the_entrypoint_without_contact_points_provisions_the_rules_only(tmp_path: Path) -> None:
     empty = tmp_path / "alerting_webhook_url"
     empty.write_text("")
@@ -308,6 +436,29 @@ def test_the_entrypoint_without_contact_points_provisions_the_rules_only(tmp_pat
 def test_the_entrypoint_refuses_a_malformed_setting_by_name(tmp_path: Path, name: str, value: str) -> None:
     done = run_entrypoint(tmp_path, **{name: value})
     assert done.returncode == 1 and name in done.stderr and "provisioning=" not in done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("overrides", "named"), REFUSED_BY_GRAFANA)
+def test_the_entrypoint_refuses_what_grafana_would_refuse_in_one_line(
+    tmp_path: Path, overrides: dict[str, str], named: list[str]
+) -> None:
+    done = run_entrypoint(tmp_path, **overrides)
+    assert done.returncode == 1 and "provisioning=" not in done.stdout, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and all(word in done.stderr for word in named), done.stderr
+
+
+@pytest.mark.slow
+def test_the_entrypoint_accepts_windows_that_start_before_they_end(tmp_path: Path) -> None:
+    overrides = {
+        "ALERT_EVALUATION_SECONDS": "30",
+        "ALERT_LOSS_WINDOW_SECONDS": "60",
+        "ALERT_LOSS_BASELINE_SECONDS": "61",
+    }
+    done = run_entrypoint(tmp_path, **overrides)
+    assert done.returncode == 0, done.stderr
+    rules = yaml.safe_load((tmp_path / "provisioning" / "alerting" / "rules.yaml").read_text())
+    assert {g["interval"] for g in rules["groups"]} == {"30s"}
 
 
 def test_compose_passes_every_setting_and_mounts_the_alerting_files() -> None:

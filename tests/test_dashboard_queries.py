@@ -9,6 +9,7 @@ every catalog measurement. The interpolation rules themselves are tested first.
 from __future__ import annotations
 
 import re
+import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 from servers import InfluxV1
 
-from grafana.builder import downsampling
+from grafana.builder import downsampling, influxql
 from simulator import dashboards as dash
 from simulator import values
 from telemetry_client.catalog import CATALOG, DROP_REASONS, QUERYABLE
@@ -52,10 +53,38 @@ def test_interval_and_range_macros() -> None:
     )
 
 
-def test_auto_interval_is_a_nice_step_not_below_the_minimum() -> None:
-    assert dash.auto_interval(dash.TimeRange.last(timedelta(minutes=5), NOW)) == timedelta(seconds=10)
-    day = dash.auto_interval(dash.TimeRange.last(timedelta(days=1), NOW))
-    assert day == timedelta(minutes=2)  # 86.4 s rounded up to a step Grafana uses
+@pytest.mark.parametrize(
+    ("span", "expected"),
+    [
+        # range / 1,000 points to the NEAREST of Grafana's steps (rangeutil.ts roundInterval)
+        (timedelta(hours=6), timedelta(seconds=20)),  # 21.6 s
+        (timedelta(hours=24), timedelta(minutes=1)),  # 86.4 s
+        (timedelta(days=7), timedelta(minutes=10)),  # 604.8 s
+        (timedelta(hours=1), timedelta(seconds=5)),  # 3.6 s, no floor (the Loki data source has none)
+        (timedelta(minutes=5), timedelta(milliseconds=200)),  # 300 ms
+        (timedelta(days=365), timedelta(hours=6)),  # 8.76 h
+    ],
+)
+def test_auto_interval_rounds_to_the_nearest_step_as_grafana_does(span: timedelta, expected: timedelta) -> None:
+    assert dash.auto_interval(dash.TimeRange.last(span, NOW), 1000) == expected
+
+
+def test_the_minimum_interval_applies_after_rounding_and_only_to_the_metrics_stores() -> None:
+    five_minutes = dash.TimeRange.last(timedelta(minutes=5), NOW)
+    assert dash.auto_interval(five_minutes, 1000, dash.INFLUXDB_TIME_INTERVAL) == timedelta(seconds=10)
+    # a minimum that is no step of Grafana's stays as it is (calculateInterval does not round it)
+    assert dash.auto_interval(five_minutes, 1000, timedelta(seconds=45)) == timedelta(seconds=45)
+    # above the minimum, the rounded interval wins
+    assert dash.auto_interval(dash.TimeRange.last(timedelta(hours=6), NOW), 1000, timedelta(seconds=10)) == timedelta(
+        seconds=20
+    )
+    query = 'sum(count_over_time({app="x"}[$__interval]))'
+    assert dash.expand_logql(query, five_minutes) == 'sum(count_over_time({app="x"}[200ms]))'
+    assert dash.expand_influxql("GROUP BY time($__interval)", five_minutes) == "GROUP BY time(10s)"
+    assert dash.expand_metricsql("rate(x[$__interval])", five_minutes) == "rate(x[10s])"
+
+
+def test_format_duration() -> None:
     assert dash.format_duration(timedelta(hours=6)) == "6h"
     assert dash.format_duration(timedelta(seconds=90)) == "90s"
     assert dash.format_duration(timedelta(milliseconds=1500)) == "1500ms"
@@ -70,6 +99,35 @@ def test_influxql_regex_forms_of_a_variable() -> None:
     everything = dash.expand_influxql('"uid" =~ /^$uid$/', RANGE, {"uid": None})
     assert everything == '"uid" =~ /^.*$/'
     assert dash.expand_influxql('"uid" =~ /^$uid$/', RANGE, {"uid": "$__all"}) == everything
+
+
+def test_influxql_a_single_value_that_reads_as_a_number_is_not_escaped_by_the_data_source() -> None:
+    """grafana/grafana-influxdb-datasource src/datasource.ts interpolateQueryExpr: parseFloat first."""
+    query = '"version" =~ /^$version$/'
+    assert dash.parses_as_number("1.4.2+cu121") and dash.parses_as_number("12") and not dash.parses_as_number("v1")
+    assert dash.expand_influxql(query, RANGE, {"version": "1.4.2+cu121"}) == '"version" =~ /^1.4.2+cu121$/'
+    assert dash.expand_influxql(query, RANGE, {"version": "v1.4+cu"}) == r'"version" =~ /^v1\.4\+cu$/'
+    # a list (several values picked, or one) is escaped and parenthesised; ${var:regex} always escapes
+    assert dash.expand_influxql(query, RANGE, {"version": ["1.4.2+cu121"]}) == r'"version" =~ /^(1\.4\.2\+cu121)$/'
+    explicit = dash.expand_influxql('"version" =~ /^${version:regex}$/', RANGE, {"version": "1.4.2+cu121"})
+    assert explicit == r'"version" =~ /^1\.4\.2\+cu121$/'
+
+
+def test_influxql_dashboards_escape_every_variable_in_a_regex_whatever_its_value() -> None:
+    """A value such as 1.4.2+cu121 (a URL's var-version=..., one picked value) must still match itself."""
+    tricky = "1.4.2+cu121"
+    datasources = dash.load_datasources()
+    checked = 0
+    for dashboard in dash.load_dashboards():
+        values = {name: tricky for name in dash.variables_of(dashboard)}
+        for query in dash.iter_queries([dashboard], datasources):
+            if query.datasource_type != "influxdb":
+                continue
+            text = dash.expand(query, RANGE, values, dashboard=dashboard)
+            for literal in re.findall(r"=~\s*/((?:\\.|[^/\\])*)/", text):
+                checked += 1
+                assert tricky not in literal, f"{query.where}: {literal}"
+    assert checked > 100
 
 
 def test_influxql_variable_outside_a_regex_is_inserted_as_is() -> None:
@@ -516,3 +574,23 @@ def test_fleet_view_reads_the_same_from_a_spread_as_from_the_raw_data(
         for position, value in ((0, median), (1, p90)):
             values = [node[position] for node in own[start]]
             assert min(values) <= value <= max(values)
+
+
+@pytest.mark.slow
+def test_a_version_that_reads_as_a_number_matches_only_through_the_regex_format(
+    influx_db: tuple[InfluxV1, str],
+) -> None:
+    """On a real InfluxDB: the data source's bare $version leaves 1.4.2+cu121 unescaped, `+` a quantifier."""
+    server, database = influx_db
+    data = b"training_step,version=1.4.2+cu121,uid=1 loss=0.5 1700000000000000000"
+    with urllib.request.urlopen(f"{server.url}/write?db={database}", data=data, timeout=10) as answer:
+        assert answer.status == 204
+    value = {"version": "1.4.2+cu121"}
+    bare = dash.expand_influxql(
+        'SELECT count("loss") FROM "training_step" WHERE "version" =~ /^$version$/', RANGE, value
+    )
+    dashboards = dash.expand_influxql(
+        'SELECT count("loss") FROM "training_step" WHERE ' + influxql.tag_matches("version"), RANGE, value
+    )
+    assert run(server, database, bare) == []
+    assert run(server, database, dashboards)[0]["values"][0][1] == 1

@@ -87,7 +87,7 @@ def test_the_database_holds_the_series_the_catalog_implies(fleet_db: tuple[Influ
 def test_no_default_view_exceeds_the_series_budget(fleet_db: tuple[InfluxV1, str, datetime], span: str) -> None:
     server, database, end = fleet_db
     time_range = dash.TimeRange(end - RANGES[span], end)
-    interval = dash.auto_interval(time_range, max_data_points=1000)
+    interval = dash.auto_interval(time_range, max_data_points=1000, min_interval=dash.INFLUXDB_TIME_INTERVAL)
     datasources = dash.load_datasources()
     over, answered = [], 0
     for dashboard in dash.load_dashboards():
@@ -122,7 +122,9 @@ def test_no_default_view_exceeds_the_series_budget_on_victoriametrics(
 ) -> None:
     """The MetricsQL twins (grafana/dashboards-victoriametrics/) under the same budget."""
     server, end = fleet_vm
-    interval = dash.auto_interval(dash.TimeRange(end - RANGES[span], end), max_data_points=1000)
+    interval = dash.auto_interval(
+        dash.TimeRange(end - RANGES[span], end), max_data_points=1000, min_interval=dash.PROMETHEUS_SCRAPE_INTERVAL
+    )
     # Grafana rounds a range query's end down to a multiple of the step: open the
     # dashboard one step after the data so that the last step still covers it.
     time_range = dash.TimeRange(end + interval - RANGES[span], end + interval)

@@ -198,7 +198,8 @@ def test_variables_are_label_values_chained_like_the_influxdb_ones() -> None:
             assert (variable["multi"], variable["includeAll"]) == (other["multi"], other["includeAll"])
             # Chained the same way: the InfluxQL WHERE names the same variables as the selector.
             for name in twin:
-                assert (f"${name}" in variable["query"]) == (f"${name}$" in other["query"]), (variable["name"], name)
+                chained = f"${{{name}:regex}}" in other["query"]
+                assert (f"${name}" in variable["query"]) == chained, (variable["name"], name)
 
 
 # ---------------------------------------------------------------- on the real servers

@@ -29,7 +29,10 @@ from test_simulator_e2e import clean_env  # noqa: F401  (the developer's environ
 from grafana.alerting_src.rules import RULES
 from simulator import alerting as al
 from simulator import edge
+from simulator import expressions as ex
 from simulator import faults as ft
+from simulator import validate as vd
+from simulator import victoria as vm
 from simulator.cli import main
 
 pytestmark = pytest.mark.slow
@@ -103,12 +106,35 @@ def by_uid(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {alert["uid"]: alert for alert in report["alerts"]}
 
 
-def test_a_clean_run_leaves_every_rule_normal(stack: list[str], tmp_path: Path) -> None:
+def query_labels(stack: list[str], report: dict[str, Any], backend: str) -> dict[str, list[list[dict[str, str]]]]:
+    """Per rule, the labels of every frame each of its data queries returns, over the run's stores."""
+    flags = dict(zip(stack[::2], stack[1::2], strict=True))
+    influx = vd.InfluxQL(flags["--influxdb-url"], flags["--influxdb-database"]) if backend == "influxdb" else None
+    prometheus = vm.PromQL(flags["--victoriametrics-url"]) if backend == "victoriametrics" else None
+    loki = vd.LokiQL(flags["--loki-query-url"])
+    load_seconds = report["fleet"]["load_seconds"]
+    ended_ms = int(report["run"]["started_ns"] / 1e6 + load_seconds * 1000)
+    out: dict[str, list[list[dict[str, str]]]] = {}
+    for _, rule in al.load_rules(al.run_settings(load_seconds, 1), al.ALERTING_DIRS[backend]):
+        for query in rule["data"]:
+            if query["datasourceUid"] != "__expr__":
+                results = al.run_query(query, influx, loki, ended_ms, prometheus) or []
+                out.setdefault(rule["uid"], []).append([dict(r.labels) for r in results])
+    return out
+
+
+def test_a_clean_run_leaves_every_rule_normal(stack: list[str], backend: str, tmp_path: Path) -> None:
     code, report = simulate(stack, tmp_path)
     alerts = by_uid(report)
     assert set(alerts) == {rule.uid for rule in RULES}
     assert {uid: a["status"] for uid, a in alerts.items() if a["status"] != al.NORMAL} == {}
     assert code == 0 and report["summary"]["alerts"] == {al.NORMAL: len(RULES)}
+    # Grafana makes a rule one Error when two of its results have the same labels: every frame of
+    # every query is labelled uniquely, whatever the model downstream makes of it.
+    for uid, queries in query_labels(stack, report, backend).items():
+        for frames in queries:
+            texts = [ex.labels_text(labels) for labels in frames]
+            assert len(texts) == len(set(texts)), (uid, sorted(texts))
 
 
 def test_every_node_fault_at_once_fires_exactly_its_rule_on_its_node(stack: list[str], tmp_path: Path) -> None:

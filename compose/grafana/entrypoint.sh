@@ -36,6 +36,7 @@ fi
 # Grafana a copy of its provisioning with the rendered files in alerting/. The
 # contact point files are included only when their address is set (Grafana
 # refuses a contact point without one); Grafana expands those addresses itself.
+# The retire files delete what an unset address left behind (see below).
 # grafana/alerting_src/render.py does exactly the same (a test compares them).
 alerting_dir="${TELEMETRY_ALERTING_DIR:-/etc/telemetry/alerting}"
 if [ -d "${alerting_dir}" ]; then
@@ -48,30 +49,69 @@ if [ -d "${alerting_dir}" ]; then
     ALERTING_WEBHOOK_URL="$(cat "${ALERTING_WEBHOOK_URL_FILE}")"
     export ALERTING_WEBHOOK_URL
   fi
+  # Each setting's comment in settings.env ends with its kind and what Grafana needs of
+  # it (grafana/build_alerting.py writes them, grafana/alerting_src/settings.py checks
+  # the same): "(seconds, a multiple of 10)" for the rule groups' interval (Grafana
+  # refuses to start on an interval that is not a multiple of its 10 s scheduler tick),
+  # "(seconds, above X for <rules>)" for a query's window, which must start before it
+  # ends (X is 0 or the setting where it ends; Grafana refuses to start otherwise).
   script=""
-  kind=""
+  spec=""
+  windows=""
   while IFS= read -r line; do
     case "${line}" in
-      "#"*"(seconds)") kind=seconds ;;
-      "#"*"(count)") kind=count ;;
-      "#"*"(number)") kind=number ;;
-      "#"*"(choice)") kind=choice ;;
+      "#"*")")
+        spec="${line##*(}"
+        spec="${spec%)}"
+        ;;
       ALERT_*=*)
         name="${line%%=*}"
         eval "value=\${${name}:-}"
         [ -n "${value}" ] || value="${line#*=}"
+        kind="${spec%%,*}"
         case "${kind}:${name}:${value}" in
-          seconds:*:*[!0-9]* | seconds:*: | count:*:*[!0-9]* | count:*: | count:*:0) bad=1 ;;
-          number:*:*[!0-9.]* | number:*: | number:*:.* | number:*:*. | number:*:*.*.*) bad=1 ;;
+          seconds:*:*[!0-9]* | seconds:*: | seconds:*:0?* | count:*:*[!0-9]* | count:*: | count:*:0*) bad=1 ;;
+          number:*:*[!0-9.]* | number:*: | number:*:.* | number:*:*. | number:*:*.*.* | number:*:0[!.]*) bad=1 ;;
           choice:ALERT_WEBHOOK_TYPE:discord | choice:ALERT_WEBHOOK_TYPE:slack | choice:ALERT_WEBHOOK_TYPE:webhook) bad=0 ;;
           choice:*) bad=1 ;;
           *) bad=0 ;;
         esac
         [ "${bad}" = 0 ] || fail "${name}=${value} is not a valid ${kind} (see docs/alerting.md)."
+        eval "setting_${name}=\${value}"
+        rest="${spec#"${kind}"}"
+        while [ -n "${rest}" ]; do
+          rest="${rest#, }"
+          clause="${rest%%, *}"
+          rest="${rest#"${clause}"}"
+          case "${clause}" in
+            "a multiple of "*)
+              step="${clause#a multiple of }"
+              if [ "${value}" -eq 0 ] || [ $((value % step)) -ne 0 ]; then
+                fail "${name}=${value} must be a multiple of ${step} above 0: Grafana refuses to start on a rule group interval that is not (see docs/alerting.md)."
+              fi
+              ;;
+            "above "*) windows="${windows}${name} ${clause#above }
+" ;;
+          esac
+        done
         script="${script}s|\${${name}}|${value}|g;"
         ;;
     esac
   done <"${alerting_dir}/settings.env"
+  # Once every value is known: each window starts before it ends (from > to).
+  while read -r name bound _ rules; do
+    [ -n "${name}" ] || continue
+    eval "start=\${setting_${name}}"
+    end=0
+    [ "${bound}" = 0 ] || eval "end=\${setting_${bound}}"
+    if [ "${start}" -le "${end}" ]; then
+      [ "${bound}" = 0 ] || bound="${bound}=${end}"
+      [ -n "${rules}" ] || fail "${name}=${start} must be above ${bound} (see docs/alerting.md)."
+      fail "${name}=${start} must be above ${bound} for ${rules}: a query's window must start before it ends, and Grafana refuses to start otherwise (see docs/alerting.md)."
+    fi
+  done <<EOF
+${windows}
+EOF
   source_dir="${GF_PATHS_PROVISIONING:-/etc/grafana/provisioning}"
   target_dir="${TELEMETRY_PROVISIONING_DIR:-/tmp/telemetry-provisioning}"
   rm -rf "${target_dir}"
@@ -95,7 +135,18 @@ if [ -d "${alerting_dir}" ]; then
     render contact-point-email.yaml
     contacts=1
   fi
-  [ "${contacts}" = 0 ] || render policies.yaml
+  # Grafana never deletes what a file no longer holds (docs/alerting.md): with one
+  # address set, the other's integration is deleted; with none, only when
+  # ALERTING_RETIRE_CONTACT_POINTS=true, which also resets the policy tree.
+  if [ "${contacts}" = 1 ]; then
+    render policies.yaml
+    [ -n "${ALERTING_WEBHOOK_URL:-}" ] || render retire-contact-point-webhook.yaml
+    [ -n "${ALERTING_EMAIL_ADDRESSES:-}" ] || render retire-contact-point-email.yaml
+  elif [ "${ALERTING_RETIRE_CONTACT_POINTS:-}" = true ]; then
+    render reset-policies.yaml
+    render retire-contact-point-webhook.yaml
+    render retire-contact-point-email.yaml
+  fi
   GF_PATHS_PROVISIONING="${target_dir}"
   export GF_PATHS_PROVISIONING
 fi

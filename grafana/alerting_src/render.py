@@ -5,9 +5,10 @@ expand them inside a query model (grafana/grafana pkg/services/provisioning/aler
 rules_types.go passes Model.Raw on), so they are replaced first: here (the simulator
 and the tests), in compose/grafana/entrypoint.sh (the local stack) and in the Ansible
 grafana role (production). All three do the same: replace each known placeholder by
-its checked value, refuse an unknown one, and keep the contact point files only when
+its checked value, refuse an unknown one, keep the contact point files only when
 their address is configured (Grafana refuses a contact point without one, and with
-none configured the alerts still show in Grafana).
+none configured the alerts still show in Grafana), and add the retire files that
+delete what an unset address left in Grafana (`selected_files`).
 
 The contact points' addresses are not filled in here: Grafana expands
 `${ALERTING_WEBHOOK_URL}` and `${ALERTING_EMAIL_ADDRESSES}` in contact point settings
@@ -31,6 +32,15 @@ CONTACT_FILES: dict[str, str] = {
     "contact-point-email.yaml": "ALERTING_EMAIL_ADDRESSES",
 }
 POLICY_FILE = "policies.yaml"
+# Grafana's provisioning never deletes what a file no longer holds: a contact point
+# file left out leaves its integration in place. With another address still set, the
+# retire file of the unset one deletes its integration; with none set, nothing is
+# deleted unless RETIRE_SWITCH is "true": then the policy tree goes back to Grafana's
+# default (RESET_FILE, which also undoes a policy made in Grafana's UI) and both
+# integrations are deleted.
+RETIRE_FILES: dict[str, str] = {name: f"retire-{name}" for name in CONTACT_FILES}
+RESET_FILE = "reset-policies.yaml"
+RETIRE_SWITCH = "ALERTING_RETIRE_CONTACT_POINTS"
 
 
 def fill(text: str, values: Mapping[str, str]) -> str:
@@ -48,7 +58,11 @@ def fill(text: str, values: Mapping[str, str]) -> str:
 def selected_files(environment: Mapping[str, str]) -> list[str]:
     """Which generated files a Grafana with this environment gets."""
     contacts = [name for name, variable in CONTACT_FILES.items() if environment.get(variable, "").strip()]
-    return [RULES_FILE, *contacts, *([POLICY_FILE] if contacts else [])]
+    if contacts:
+        return [RULES_FILE, *contacts, POLICY_FILE, *(RETIRE_FILES[n] for n in CONTACT_FILES if n not in contacts)]
+    if environment.get(RETIRE_SWITCH, "").strip() == "true":
+        return [RULES_FILE, RESET_FILE, *RETIRE_FILES.values()]
+    return [RULES_FILE]
 
 
 def render_dir(

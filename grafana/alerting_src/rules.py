@@ -24,7 +24,11 @@ from grafana.builder.backend import Backend, building_for
 from grafana.builder.queries import uid_from_tenant
 from telemetry_client.catalog import DROP_REASONS
 
-# Measurements whose points prove a node is working, one per role.
+# Measurements whose points prove a node is working, one per role. An InfluxQL query over
+# several measurements returns one series per measurement, labelled with its tags only, and
+# Grafana makes a rule with two results of the same labels one Error (simulator/expressions.py
+# cites where): since each of these is written by one role only (telemetry_client/catalog.py),
+# grouping by role, or by node, keeps every series' labels unique.
 WORK_MEASUREMENTS: tuple[str, ...] = ("training_step", "validator_scores", "aggregator_step", "evaluator_benchmark")
 # Drops that mean the data did not arrive. sampled_out is the caller's choice, and so is
 # disabled (a logger left off); non_finite drops one value of a point that is delivered
@@ -299,7 +303,10 @@ def metrics_store_unavailable() -> Rule:
         ),
         severity="critical",
         data=[
-            metrics_query("A", q.points("window", WORK_MEASUREMENTS), TimeRange("ALERT_STORE_WINDOW_SECONDS")),
+            # Per role: all together would be one series per measurement, all labelled {} (see WORK_MEASUREMENTS).
+            metrics_query(
+                "A", q.points("window", WORK_MEASUREMENTS, ("role",)), TimeRange("ALERT_STORE_WINDOW_SECONDS")
+            ),
             reduce("B", "A", "sum"),
             # Never true on data: this rule fires through its no-data and error states only.
             math("C", "$B < 0"),
@@ -387,6 +394,11 @@ def groups(backend: Backend = "influxdb") -> dict[str, tuple[Rule, ...]]:
             "edge": (edge_refused_credentials(),),
         }
 
+
+# Uids of rules that were provisioned once and are no more. Leaving a rule out of the files
+# does not remove it from Grafana, which keeps evaluating it; the build lists these in the
+# rules file's deleteRules, which Grafana deletes at every start (a no-op once gone).
+RETIRED_RULE_UIDS: tuple[str, ...] = ()
 
 # The rules as built for InfluxDB: their uids and faults are the same for either store.
 GROUPS: dict[str, tuple[Rule, ...]] = groups()

@@ -6,17 +6,35 @@ seconds to a minute and whose windows last a few minutes. `simulated` is the val
 shows every rule fire on its fault (the simulator scales the windows to the run).
 
 Durations are whole seconds (Grafana's relativeTimeRange takes seconds); numbers are
-plain decimals. Both are checked wherever the files are rendered.
+plain decimals. Both are checked wherever the files are rendered, and so is what
+Grafana itself refuses, which would stop it from starting (its provisioning error is
+fatal; grafana/grafana, the version pinned in versions.env):
+
+- a rule group's interval must be above 0 and a multiple of the scheduler's base
+  interval, 10 s (pkg/services/ngalert/models/alert_rule.go ValidateRuleGroupInterval;
+  SchedulerBaseInterval in pkg/setting/setting_unified_alerting.go);
+- every data query's relativeTimeRange must start before it ends, `from` > `to`
+  (pkg/services/ngalert/models/alert_query.go, AlertQuery.PreSave; expressions are
+  exempt). Which settings bound which query is read from the rules themselves
+  (`time_ranges`), so a window must be above 0 and a baseline above its window.
+
+compose/grafana/entrypoint.sh checks the same, from the constraints
+grafana/build_alerting.py writes into settings.env.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 PREFIX = "ALERT_"
-WHOLE = re.compile(r"^[0-9]+$")
-NUMBER = re.compile(r"^[0-9]+(\.[0-9]+)?$")
+# No leading zeros: a YAML reader may take 010 for an octal number.
+WHOLE = re.compile(r"^(0|[1-9][0-9]*)$")
+NUMBER = re.compile(r"^(0|[1-9][0-9]*)(\.[0-9]+)?$")
+PLACEHOLDER = re.compile(r"^\$\{(ALERT_[A-Z0-9_]+)\}$")
+# Grafana's scheduler ticks every 10 s; a rule group's interval must be a multiple of it.
+BASE_INTERVAL_SECONDS = 10
 
 
 @dataclass(frozen=True)
@@ -27,6 +45,9 @@ class Setting:
     description: str
     simulated: str | None = None  # None: the simulator derives it from the run (see simulator/alerting.py)
     choices: tuple[str, ...] = ()
+    multiple_of: int = 0  # seconds: above 0 and a multiple of this
+    positive: bool = False  # seconds: above 0
+    why: str = ""  # what breaks when `multiple_of` or `positive` is not met
 
     def check(self, value: str) -> str:
         """The value as it goes into the files; ValueError with the setting's name when it is malformed."""
@@ -41,7 +62,15 @@ class Setting:
                 self.kind, "a whole number of seconds"
             )
             raise ValueError(f"{self.name} must be {what}, got {value!r}")
+        if self.multiple_of and (int(text) == 0 or int(text) % self.multiple_of):
+            raise ValueError(f"{self.name} must be a multiple of {self.multiple_of} above 0 ({self.why}), got {text}")
+        if self.positive and int(text) == 0:
+            raise ValueError(f"{self.name} must be above 0 ({self.why}), got {text}")
         return text
+
+    def constraints(self) -> list[str]:
+        """What `check` asks beyond the kind, as settings.env states it for the entrypoint."""
+        return [f"a multiple of {self.multiple_of}"] * bool(self.multiple_of) + ["above 0"] * self.positive
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -52,7 +81,14 @@ SETTINGS: tuple[Setting, ...] = (
         "kind of ALERTING_WEBHOOK_URL: discord, slack (an incoming webhook) or webhook (any JSON receiver)",
         choices=("discord", "slack", "webhook"),
     ),
-    Setting("ALERT_EVALUATION_SECONDS", "60", "seconds", "how often Grafana evaluates every rule"),
+    Setting(
+        "ALERT_EVALUATION_SECONDS",
+        "60",
+        "seconds",
+        "how often Grafana evaluates every rule",
+        multiple_of=BASE_INTERVAL_SECONDS,
+        why="every rule group's interval; Grafana refuses to start on any other",
+    ),
     Setting(
         "ALERT_PENDING_SECONDS",
         "300",
@@ -66,6 +102,8 @@ SETTINGS: tuple[Setting, ...] = (
         "seconds",
         "node silent: resolution of the silence check (points are counted per step)",
         "1",
+        positive=True,
+        why="InfluxQL's moving_average needs a GROUP BY time interval: the rule would fail at every evaluation",
     ),
     Setting(
         "ALERT_NODE_SILENT_STEPS",
@@ -148,12 +186,60 @@ def defaults() -> dict[str, str]:
     return {s.name: s.default for s in SETTINGS}
 
 
+@dataclass(frozen=True)
+class Window:
+    """A data query's relativeTimeRange as settings: from `start` to `end` seconds ago ("0" or a setting)."""
+
+    start: str
+    end: str
+    rules: tuple[str, ...]  # uids of the rules with a query over it
+
+    @property
+    def constraint(self) -> str:
+        """As settings.env states it: `above <end> for <rule> <rule>`."""
+        return f"above {self.end} for {' '.join(self.rules)}"
+
+
+def time_ranges() -> list[Window]:
+    """Every distinct (from, to) of the rules' data queries that names a setting, with the rules using it."""
+    from grafana.alerting_src.rules import RULES  # the rules are built from the builder, which needs no settings
+
+    def bound(value: object) -> str:
+        match = PLACEHOLDER.match(str(value))
+        return match.group(1) if match else str(value)
+
+    found: dict[tuple[str, str], list[str]] = {}
+    for rule in RULES:
+        for query in rule.data:
+            if query["datasourceUid"] == "__expr__":
+                continue  # Grafana checks the time range of data queries only
+            window = query["relativeTimeRange"]
+            users = found.setdefault((bound(window["from"]), bound(window["to"])), [])
+            if rule.uid not in users:
+                users.append(rule.uid)
+    return [Window(start, end, tuple(rules)) for (start, end), rules in found.items() if start in BY_NAME]
+
+
+def check_windows(values: Mapping[str, str]) -> None:
+    """ValueError naming the setting and the rules when a query's window would not start before it ends."""
+    for window in time_ranges():
+        start, end = int(values[window.start]), int(values.get(window.end, window.end))
+        if start <= end:
+            bound = "0" if window.end == "0" else f"{window.end} ({end})"
+            raise ValueError(
+                f"{window.start} ({start}) must be above {bound} for {', '.join(window.rules)}: "
+                "a query's window must start before it ends, and Grafana refuses to start otherwise"
+            )
+
+
 def resolve(overrides: dict[str, str] | None = None) -> dict[str, str]:
-    """Every setting's value: the defaults with `overrides` on top, each checked."""
+    """Every setting's value: the defaults with `overrides` on top, each checked, then the windows they bound."""
     values = defaults()
     for name, value in (overrides or {}).items():
         if name not in BY_NAME:
             raise ValueError(f"unknown alert setting {name}; known: {', '.join(sorted(BY_NAME))}")
         if value not in (None, ""):
             values[name] = value
-    return {name: BY_NAME[name].check(value) for name, value in values.items()}
+    checked = {name: BY_NAME[name].check(value) for name, value in values.items()}
+    check_windows(checked)
+    return checked

@@ -16,9 +16,21 @@ from telemetry_client.catalog import DELTA_SUFFIX, SPREAD_OF
 
 Json = dict[str, Any]
 
+
+def tag_matches(tag: str) -> str:
+    """`"tag" =~ /^${tag:regex}$/`: the tag is one of the values of the template variable of the same name.
+
+    Grafana's regex format escapes every value. A bare `$tag` is left to the InfluxDB
+    data source, which does not escape a single value that parseFloat reads as a
+    number: a version 1.4.2+cu121 would match no tag (simulator/dashboards.py,
+    _influx_interpolate, cites where).
+    """
+    return f'"{tag}" =~ /^${{{tag}:regex}}$/'
+
+
 # The filter every InfluxQL panel applies: one regex per template variable, so the
 # same query works for one value, several values and "All" (allValue ".*").
-NODE_FILTER = '"network" =~ /^$network$/ AND "role" =~ /^$role$/ AND "uid" =~ /^$uid$/ AND "version" =~ /^$version$/'
+NODE_FILTER = " AND ".join(tag_matches(tag) for tag in ("network", "role", "uid", "version"))
 
 
 # Fleet or nodes. With the uid variable at "All", Grafana inserts its custom
@@ -150,8 +162,8 @@ def fleet_stats(field: str, *, lowest_is_worst: bool = False) -> str:
 
 
 def variable_filters(tags: Sequence[str]) -> str:
-    """`"tag" =~ /^$tag$/` for each tag, filtered by the template variable of the same name."""
-    return " AND ".join(f'"{tag}" =~ /^${tag}$/' for tag in tags)
+    """`tag_matches` for each tag, filtered by the template variable of the same name."""
+    return " AND ".join(tag_matches(tag) for tag in tags)
 
 
 def fleet(
@@ -234,7 +246,7 @@ def counter_rates(fields: Mapping[str, str]) -> str:
     rates = ", ".join(
         f'sum("{field}{DELTA_SUFFIX}") * 1000 / $__interval_ms AS "{alias}"' for alias, field in fields.items()
     )
-    return influx_select(rates, "telemetry_client", by=("sink",), extra_where='"sink" =~ /^$sink$/')
+    return influx_select(rates, "telemetry_client", by=("sink",), extra_where=tag_matches("sink"))
 
 
 def most_dropped(count: int = 10) -> str:
@@ -244,7 +256,7 @@ def most_dropped(count: int = 10) -> str:
         'last("retries") AS "retries", last("pending") AS "pending"',
         "telemetry_client",
         by=("uid", "runtime_id", "sink"),
-        extra_where='"sink" =~ /^$sink$/',
+        extra_where=tag_matches("sink"),
         per_interval=False,
     )
     return f'SELECT top("dropped", "uid", {count}) AS "dropped", "queued", "sent", "retries", "pending" FROM ({latest})'
@@ -253,7 +265,7 @@ def most_dropped(count: int = 10) -> str:
 def show_tag_values(key: str, source: str | None, depends_on: Sequence[str]) -> str:
     """SHOW TAG VALUES of `key`, narrowed by the variables chosen before it."""
     from_clause = f' FROM "{source}"' if source else ""
-    where = " AND ".join(f'"{dep}" =~ /^${dep}$/' for dep in depends_on)
+    where = " AND ".join(tag_matches(dep) for dep in depends_on)
     query = f'SHOW TAG VALUES{from_clause} WITH KEY = "{key}"'
     if where:
         query += f" WHERE {where}"
