@@ -111,7 +111,7 @@ def query_labels(stack: list[str], report: dict[str, Any], backend: str) -> dict
     flags = dict(zip(stack[::2], stack[1::2], strict=True))
     influx = vd.InfluxQL(flags["--influxdb-url"], flags["--influxdb-database"]) if backend == "influxdb" else None
     prometheus = vm.PromQL(flags["--victoriametrics-url"]) if backend == "victoriametrics" else None
-    loki = vd.LokiQL(flags["--loki-query-url"])
+    loki = vd.LokiQL(flags["--loki-query-url"], (("X-Scope-OrgID", SIMULATED_FLEET_ORG_ID),))  # every tenant
     load_seconds = report["fleet"]["load_seconds"]
     ended_ms = int(report["run"]["started_ns"] / 1e6 + load_seconds * 1000)
     out: dict[str, list[list[dict[str, str]]]] = {}
