@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from counters import assert_counters_add_up
 from fault_server import Reply, fault_server
 
 from telemetry_client import BufferSettings
@@ -53,6 +54,32 @@ def test_field_type_conflict_on_influxdb_1x(influx_db):
     assert (stats["sent"], stats["dropped_by_reason"]) == (2, {"rejected": 1})
     assert stats["sent_by_key"] == {"steps": 1, "other": 1}
     assert "field type conflict" in stats["last_error"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bad", [[37], [0, 99]], ids=["one-bad-value", "first-and-last"])
+def test_a_new_shard_refusing_the_whole_batch_costs_only_the_bad_lines_on_influxdb_1x(influx_db, bad):
+    """A field new in the shard gets a float and a string in one batch: 1.6.7 answers `field type conflict`.
+
+    The first batch into a new shard is then refused whole, naming no line (see
+    `_influx/rejections.py`); sent again in halves, the answers name the lines, and
+    only the lines whose type lost are counted `rejected`. The field takes the type
+    of its first value in the batch: a string first makes the floats the bad lines.
+    """
+    server, database = influx_db
+    logger = _v1_logger(server, database)
+    for i in range(100):
+        value = "n/a" if i in bad else i * 0.5  # a string beside numbers is stored as that string
+        logger.log("step", fields={"loss": value, "i": i}, timestamp=TS + i)
+    assert logger.flush(30) == 0
+    stats = logger.stats()
+    logger.close(1)
+    refused = 100 - len(bad) if bad[0] == 0 else len(bad)
+    rows = server.rows('SELECT "i", "loss" FROM "step"', database)
+    assert len(rows) == 100 - refused
+    assert (stats["sent"], stats["dropped_by_reason"]) == (100 - refused, {"rejected": refused})
+    assert stats["sent_by_key"] == {"step": 100 - refused}
+    assert_counters_add_up(stats)
 
 
 @pytest.mark.slow
@@ -208,6 +235,7 @@ CLOUD = json.dumps(
         (V3_PARTIAL, Refusal(others_stored=True, line_numbers=(2,))),
         (V3_ATOMIC, Refusal(others_stored=False, line_numbers=(2,))),
         (CLOUD, Refusal(others_stored=False, line_numbers=(2, 3))),
+        ('{"error":"field type conflict"}\n', Refusal(others_stored=False, whole=True)),
         ('{"error":"database not found: \\"nope\\""}', None),
         ('{"code":"unauthorized","message":"unauthorized access"}', None),
         ("404 page not found\n", None),

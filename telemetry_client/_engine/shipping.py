@@ -48,6 +48,7 @@ TOO_MANY_REQUESTS = 429
 BAD_GATEWAY = 502  # a proxy (the edge) could not reach the server: as a refused connection behind it
 UNREACHABLE_RETRY_CAP = 1.0  # seconds: the longest wait before trying a server that refused the connection again
 ANSWER_POLL = 0.02  # seconds the sender waits on an unanswered request before looking for new records
+CLOSE_MARGIN = 0.2  # seconds of the exit deadline kept for closing after delivery stops (at most a tenth of it)
 SPLIT_AFTER_429S = 2  # consecutive 429s on a batch before it is halved
 GIVE_UP_AFTER_429S = 6  # consecutive 429s on a single item larger than the stated rate before it is dropped
 OVERLAP_CHUNK = 500  # records encoded between two looks at whether the server has answered
@@ -975,8 +976,13 @@ class Engine:
 
     @lifecycle.engine_call
     def close_all(self, timeout: float) -> int:
-        """Close every channel within one overall deadline; return how many records were left."""
-        deadline = time.monotonic() + timeout
+        """Close every channel within one overall deadline; return how many records were not confirmed delivered.
+
+        Delivery stops a little before the deadline (`CLOSE_MARGIN`) so that closing
+        (counting what is left, the warning) is done by it too: a SIGTERM's drain is
+        cut at the deadline.
+        """
+        deadline = time.monotonic() + max(0.0, timeout - min(CLOSE_MARGIN, timeout / 10))
         channels = list(self.channels)
         for channel in channels:
             with channel._lock:
