@@ -1025,7 +1025,8 @@ def shutdown(timeout: float | None = None) -> int:
 
     For applications that end the process themselves (their own SIGTERM handler,
     `os._exit`): call it first. `timeout` defaults to TELEMETRY_EXIT_TIMEOUT (3 s).
-    Returns how many records were left undelivered (counted `shutdown`). Later
+    Returns how many records were not confirmed delivered: left undelivered
+    (counted `shutdown`), or in a request unanswered at the deadline (`unconfirmed`). Later
     `log()` calls are counted `shutdown` too. Never raises.
     """
     engine = _engine
