@@ -49,6 +49,7 @@ def test_field_type_conflict_on_influxdb_1x(influx_db):
     assert logger.flush(10) == 0
     stats = logger.stats()
     logger.close(1)
+    assert_counters_add_up(stats)
     stored = server.rows("SELECT * FROM steps, other", database)
     assert len(stored) - 1 == 2  # the pre-existing integer point, then the two valid lines
     assert (stats["sent"], stats["dropped_by_reason"]) == (2, {"rejected": 1})
@@ -100,6 +101,7 @@ def test_a_refusal_of_a_sealed_batch_counts_each_measurement_exactly(influx_db, 
     assert logger.flush(10) == 0
     stats = logger.stats()
     logger.close(1)
+    assert_counters_add_up(stats)
     assert [row["note"] for row in server.rows("SELECT note FROM other", database)] == [note]
     assert len(server.rows('SELECT loss FROM "my,odd name"', database)) == 1
     assert (stats["sent"], stats["dropped_by_reason"]) == (2, {"rejected": 1})
@@ -160,6 +162,7 @@ def test_timestamps_influxdb_cannot_store_are_counted_invalid_before_sending(inf
     assert logger.flush(10) == 0
     stats = logger.stats()
     logger.close(1)
+    assert_counters_add_up(stats)
     assert [row["v"] for row in server.rows("SELECT v FROM m", database)] == [1]
     assert (stats["sent"], stats["dropped_by_reason"]) == (1, {"invalid": 2})
 
@@ -271,6 +274,7 @@ def test_partial_write_answers_count_the_stored_lines_sent_without_sending_them_
     assert logger.flush(10) == 0
     stats = logger.stats()
     logger.close(1)
+    assert_counters_add_up(stats)
     assert (stats["sent"], stats["dropped_by_reason"], server.requests) == (2, {"rejected": 1}, [status])
 
 
@@ -282,6 +286,7 @@ def test_influxdb_2x_parse_error_stores_nothing_so_the_other_lines_are_sent_agai
     assert logger.flush(10) == 0
     stats = logger.stats()
     logger.close(1)
+    assert_counters_add_up(stats)
     assert server.requests == [400, 204]
     assert server.lines == [f"m v=0 {TS}".encode(), f"m v=2 {TS + 2}".encode()]
     assert (stats["sent"], stats["dropped_by_reason"]) == (2, {"rejected": 1})
@@ -294,6 +299,7 @@ def test_cloud_line_numbers_resend_the_lines_not_named(server):
     assert logger.flush(10) == 0
     stats = logger.stats()
     logger.close(1)
+    assert_counters_add_up(stats)
     assert server.lines == [f"m v=0 {TS}".encode()]
     assert (stats["sent"], stats["dropped_by_reason"]) == (1, {"rejected": 2})
 
@@ -305,4 +311,5 @@ def test_a_refusal_naming_no_line_rejects_the_batch(server):
     assert logger.flush(10) == 0
     stats = logger.stats()
     logger.close(1)
+    assert_counters_add_up(stats)
     assert (stats["sent"], stats["dropped_by_reason"], server.requests) == (0, {"rejected": 3}, [404])
