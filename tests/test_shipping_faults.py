@@ -476,3 +476,42 @@ def test_a_hanging_server_costs_only_the_oldest_points_counted_exactly():
         0,
     )
     assert_counters_add_up(stats)
+
+
+def test_counters_add_up_at_every_moment_under_mixed_faults():
+    """Two threads log through refusals, 5xx, 429, slow and timed-out answers and an overflowing buffer.
+
+    The identity is read while they log and the sender works, after the flush and after close.
+    """
+    import random
+    import threading
+
+    rng = random.Random(7)
+    choices = [Reply(503), Reply(429), Reply(204, delay=0.3), Reply(204), Reply(204), WHOLE_CONFLICT, Reply(400)]
+    with fault_server() as server:
+        server.then(*(rng.choice(choices) for _ in range(60)))
+        logger = _logger(server.url, read_timeout=0.2, max_items=300, batch_items=50)
+
+        def log(offset: int) -> None:
+            for i in range(offset, offset + 3_000):
+                fields = {"i": i, "x": float("nan")} if i % 7 == 0 else {"i": i}
+                logger.log("m", fields=fields, sample_rate=0.5 if i % 11 == 0 else 1.0)
+                if i % 100 == 0:
+                    time.sleep(0.002)
+
+        threads = [threading.Thread(target=log, args=(k * 10_000,)) for k in range(2)]
+        for thread in threads:
+            thread.start()
+        reads = 0
+        while any(thread.is_alive() for thread in threads):
+            assert_counters_add_up(logger.stats())
+            reads += 1
+        for thread in threads:
+            thread.join()
+        logger.flush(30)
+        assert_counters_add_up(logger.stats())
+        logger.close(1)
+        stats = logger.stats()
+    assert reads > 10
+    assert stats["dropped_by_reason"].get("buffer_full", 0) > 0 and stats["sent"] > 0
+    assert_counters_add_up(stats)

@@ -446,9 +446,9 @@ class Channel:
             if lost is None:
                 if not self._partials:
                     break  # what is left over the bound is the newest records: `submit` drops their oldest
-                for key in list(self._partials):  # older than any record waiting: sealed, then dropped
-                    self._seal_partial(key)
-                continue
+                key = min(self._partials, key=lambda k: self._partials[k].created)  # older than any record waiting
+                lost = self._partials.pop(key)
+                lost.count = len(lost.items)
             self._drop("buffer_full", lost.count)
             self._attempt = 0
             warn.warning(
