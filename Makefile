@@ -34,6 +34,7 @@ bench:
 	$(PYTHON) bench/bench_log_caller.py
 	$(PYTHON) bench/bench_throughput.py
 	$(PYTHON) bench/bench_outage_memory.py
+	$(PYTHON) bench/bench_outage_recovery.py
 	$(PYTHON) bench/bench_log_stalls.py
 	$(PYTHON) bench/bench_loki_emit.py
 	$(PYTHON) bench/bench_loki_delivery.py

@@ -160,12 +160,12 @@ MEANINGS: dict[str, str] = {
     "headers": "extra HTTP headers of every push",
     "LokiHandler.level": "the handler's level",
     # BufferSettings fields without a comment in the code
-    "max_items": "records waiting to be encoded, and encoded items waiting to be sent, each at most this many",
+    "max_items": "records and items the channel buffers, encoded or not, together; beyond it the oldest go",
     "max_bytes": "bounds everything the channel buffers, records not yet encoded included (estimated)",
     "batch_items": "a batch is sent once it holds this many items",
     "batch_bytes": "a batch is sent once it holds this many bytes (uncompressed)",
     "retry_base": "the first retry's backoff ceiling (seconds), doubled per attempt, full jitter",
-    "retry_cap": "the longest backoff (seconds)",
+    "retry_cap": "the longest backoff (seconds); a refused connection or a 502 is retried within min(this, 1 s)",
     # Loki limits
     "MAX_LABEL_NAME_BYTES": "the longest label name (Loki's `max_label_name_length`)",
     "MAX_LABEL_VALUE_BYTES": "the longest label value (Loki's `max_label_value_length`)",

@@ -1,17 +1,22 @@
 """A local HTTP write endpoint whose answers the test scripts: statuses, Retry-After, delays.
 
 It decodes what it accepts (gzip, line protocol) so tests can count every line
-that arrived and prove that nothing was lost or sent twice.
+that arrived and prove that nothing was lost or sent twice. With `upstream` it is
+a proxy: a request it would accept is forwarded there, after the scripted delay,
+and the upstream's answer is returned (a slow edge in front of a real server).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import http.client
 import ssl
 import threading
 import time
+import urllib.parse
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -34,6 +39,8 @@ class FaultServer:
     script: deque[Reply] = field(default_factory=deque)
     lines: list[bytes] = field(default_factory=list)
     requests: list[int] = field(default_factory=list)  # status answered, in order
+    received: int = 0  # requests read, including those still held by a delay
+    upstream: str | None = None  # forward accepted requests to this base URL (a proxy)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -44,6 +51,17 @@ class FaultServer:
         """Answer the next requests with `replies`, in order; afterwards 204."""
         with self.lock:
             self.script.extend(replies)
+
+    def wait_until(self, condition: Callable[[FaultServer], bool], timeout: float = 60.0) -> bool:
+        """Poll `condition(self)` (under the lock) until it holds or `timeout` passes."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.lock:
+                if condition(self):
+                    return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
 
     def wait_for_lines(self, count: int, timeout: float = 20.0) -> list[bytes]:
         deadline = time.monotonic() + timeout
@@ -66,30 +84,50 @@ def _handler(state: FaultServer) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
             with state.lock:
+                state.received += 1
                 reply = state.script.popleft() if state.script else Reply()
             if reply.delay:
                 time.sleep(reply.delay)
-            if reply.status < 300:
+            status, answer = reply.status, reply.body
+            if reply.status < 300 and state.upstream is not None:
+                status, answer = _forward(state.upstream, self.path, self.headers.get("Content-Encoding"), body)
+            if status < 300:
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
                 with state.lock:
                     state.lines.extend(line for line in body.split(b"\n") if line)
             with state.lock:
-                state.requests.append(reply.status)
-            self.send_response(reply.status)
-            if reply.retry_after is not None:
-                self.send_header("Retry-After", reply.retry_after)
-            self.send_header("Content-Length", str(len(reply.body)))
-            self.end_headers()
-            self.wfile.write(reply.body)
+                state.requests.append(status)
+            with contextlib.suppress(OSError):  # the client may be gone (a process killed mid-request)
+                self.send_response(status)
+                if reply.retry_after is not None:
+                    self.send_header("Retry-After", reply.retry_after)
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
 
     return Handler
 
 
+def _forward(upstream: str, path: str, encoding: str | None, body: bytes) -> tuple[int, bytes]:
+    """POST `body` to `upstream` + `path` as received; the upstream's status and body."""
+    parsed = urllib.parse.urlsplit(upstream)
+    connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=60)
+    try:
+        headers = {"Content-Encoding": encoding} if encoding else {}
+        connection.request("POST", path, body=body, headers=headers)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
 @contextmanager
-def fault_server(port: int = 0, tls: ssl.SSLContext | None = None) -> Iterator[FaultServer]:
-    """Serve on 127.0.0.1:`port` (0: any free port) until the block ends; HTTPS with `tls`."""
-    state = FaultServer(port)
+def fault_server(
+    port: int = 0, tls: ssl.SSLContext | None = None, upstream: str | None = None
+) -> Iterator[FaultServer]:
+    """Serve on 127.0.0.1:`port` (0: any free port) until the block ends; HTTPS with `tls`; a proxy to `upstream`."""
+    state = FaultServer(port, upstream=upstream)
     server = ThreadingHTTPServer(("127.0.0.1", port), _handler(state))
     server.daemon_threads = True
     if tls is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -130,20 +131,11 @@ class InfluxV1:
         return rows
 
 
-@contextmanager
-def influxdb_v1(auth_enabled: bool = False) -> Iterator[InfluxV1]:
-    """Start influxd (Debian's InfluxDB 1.6.7) on free loopback ports.
-
-    With `auth_enabled`, the server checks credentials; the first user must be
-    created as an admin (`CREATE USER ... WITH ALL PRIVILEGES`) without credentials.
-    """
-    binary = require_binary("influxd")
-    with tempfile.TemporaryDirectory(prefix="influxd-") as tmp:
-        root = Path(tmp)
-        http_port, rpc_port = free_port(), free_port()
-        config = root / "influxdb.conf"
-        config.write_text(
-            f"""reporting-disabled = true
+def _influx_config(root: Path, http_port: int, rpc_port: int, auth_enabled: bool = False) -> Path:
+    """An influxd configuration keeping everything under `root`, serving on loopback."""
+    config = root / "influxdb.conf"
+    config.write_text(
+        f"""reporting-disabled = true
 bind-address = "127.0.0.1:{rpc_port}"
 [meta]
   dir = "{root}/meta"
@@ -161,10 +153,86 @@ bind-address = "127.0.0.1:{rpc_port}"
 [continuous_queries]
   enabled = false
 """
-        )
+    )
+    return config
+
+
+@contextmanager
+def influxdb_v1(auth_enabled: bool = False) -> Iterator[InfluxV1]:
+    """Start influxd (Debian's InfluxDB 1.6.7) on free loopback ports.
+
+    With `auth_enabled`, the server checks credentials; the first user must be
+    created as an admin (`CREATE USER ... WITH ALL PRIVILEGES`) without credentials.
+    """
+    binary = require_binary("influxd")
+    with tempfile.TemporaryDirectory(prefix="influxd-") as tmp:
+        root = Path(tmp)
+        http_port, rpc_port = free_port(), free_port()
+        config = _influx_config(root, http_port, rpc_port, auth_enabled)
         url = f"http://127.0.0.1:{http_port}"
         with _running([binary, "-config", str(config)], f"{url}/ping", root):
             yield InfluxV1(url)
+
+
+class OutageInfluxV1(InfluxV1):
+    """An InfluxDB 1.6.7 of a test's own whose outages the test causes: killed and restarted, or paused.
+
+    `kill()` is SIGKILL (the port then refuses connections); `start()` brings it back
+    on the same port and data, and returns once it answers. `pause()` is SIGSTOP:
+    the kernel still accepts connections, nobody answers them; `resume()` is SIGCONT.
+    """
+
+    def __init__(self, binary: str, root: Path) -> None:
+        self._binary = binary
+        self._root = root
+        http_port = free_port()
+        self._config = _influx_config(root, http_port, free_port())
+        self._process: subprocess.Popen | None = None
+        super().__init__(f"http://127.0.0.1:{http_port}")
+
+    def start(self) -> None:
+        log = self._root / "server.log"
+        with log.open("ab") as out:
+            self._process = subprocess.Popen(
+                [self._binary, "-config", str(self._config)], stdout=out, stderr=subprocess.STDOUT, cwd=self._root
+            )
+        _wait_until_up(f"{self.url}/ping", self._process, log, deadline_s=60)
+
+    def kill(self) -> None:
+        assert self._process is not None
+        self._process.kill()
+        self._process.wait()
+
+    def pause(self) -> None:
+        assert self._process is not None
+        self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self._process is not None
+        self._process.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.send_signal(signal.SIGCONT)
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+
+
+@contextmanager
+def influxdb_v1_for_outages() -> Iterator[OutageInfluxV1]:
+    """A fresh influxd a test may kill, restart, pause and resume (see `OutageInfluxV1`)."""
+    binary = require_binary("influxd")
+    with tempfile.TemporaryDirectory(prefix="influxd-outage-") as tmp:
+        server = OutageInfluxV1(binary, Path(tmp))
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
 
 
 @dataclass

@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from counters import assert_counters_add_up
 from fault_server import Reply, fault_server
 
 from telemetry_client import BufferSettings
@@ -48,11 +49,38 @@ def test_field_type_conflict_on_influxdb_1x(influx_db):
     assert logger.flush(10) == 0
     stats = logger.stats()
     logger.close(1)
+    assert_counters_add_up(stats)
     stored = server.rows("SELECT * FROM steps, other", database)
     assert len(stored) - 1 == 2  # the pre-existing integer point, then the two valid lines
     assert (stats["sent"], stats["dropped_by_reason"]) == (2, {"rejected": 1})
     assert stats["sent_by_key"] == {"steps": 1, "other": 1}
     assert "field type conflict" in stats["last_error"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bad", [[37], [0, 99]], ids=["one-bad-value", "first-and-last"])
+def test_a_new_shard_refusing_the_whole_batch_costs_only_the_bad_lines_on_influxdb_1x(influx_db, bad):
+    """A field new in the shard gets a float and a string in one batch: 1.6.7 answers `field type conflict`.
+
+    The first batch into a new shard is then refused whole, naming no line (see
+    `_influx/rejections.py`); sent again in halves, the answers name the lines, and
+    only the lines whose type lost are counted `rejected`. The field takes the type
+    of its first value in the batch: a string first makes the floats the bad lines.
+    """
+    server, database = influx_db
+    logger = _v1_logger(server, database)
+    for i in range(100):
+        value = "n/a" if i in bad else i * 0.5  # a string beside numbers is stored as that string
+        logger.log("step", fields={"loss": value, "i": i}, timestamp=TS + i)
+    assert logger.flush(30) == 0
+    stats = logger.stats()
+    logger.close(1)
+    refused = 100 - len(bad) if bad[0] == 0 else len(bad)
+    rows = server.rows('SELECT "i", "loss" FROM "step"', database)
+    assert len(rows) == 100 - refused
+    assert (stats["sent"], stats["dropped_by_reason"]) == (100 - refused, {"rejected": refused})
+    assert stats["sent_by_key"] == {"step": 100 - refused}
+    assert_counters_add_up(stats)
 
 
 @pytest.mark.slow
@@ -73,6 +101,7 @@ def test_a_refusal_of_a_sealed_batch_counts_each_measurement_exactly(influx_db, 
     assert logger.flush(10) == 0
     stats = logger.stats()
     logger.close(1)
+    assert_counters_add_up(stats)
     assert [row["note"] for row in server.rows("SELECT note FROM other", database)] == [note]
     assert len(server.rows('SELECT loss FROM "my,odd name"', database)) == 1
     assert (stats["sent"], stats["dropped_by_reason"]) == (2, {"rejected": 1})
@@ -133,6 +162,7 @@ def test_timestamps_influxdb_cannot_store_are_counted_invalid_before_sending(inf
     assert logger.flush(10) == 0
     stats = logger.stats()
     logger.close(1)
+    assert_counters_add_up(stats)
     assert [row["v"] for row in server.rows("SELECT v FROM m", database)] == [1]
     assert (stats["sent"], stats["dropped_by_reason"]) == (1, {"invalid": 2})
 
@@ -208,6 +238,7 @@ CLOUD = json.dumps(
         (V3_PARTIAL, Refusal(others_stored=True, line_numbers=(2,))),
         (V3_ATOMIC, Refusal(others_stored=False, line_numbers=(2,))),
         (CLOUD, Refusal(others_stored=False, line_numbers=(2, 3))),
+        ('{"error":"field type conflict"}\n', Refusal(others_stored=False, whole=True)),
         ('{"error":"database not found: \\"nope\\""}', None),
         ('{"code":"unauthorized","message":"unauthorized access"}', None),
         ("404 page not found\n", None),
@@ -243,6 +274,7 @@ def test_partial_write_answers_count_the_stored_lines_sent_without_sending_them_
     assert logger.flush(10) == 0
     stats = logger.stats()
     logger.close(1)
+    assert_counters_add_up(stats)
     assert (stats["sent"], stats["dropped_by_reason"], server.requests) == (2, {"rejected": 1}, [status])
 
 
@@ -254,6 +286,7 @@ def test_influxdb_2x_parse_error_stores_nothing_so_the_other_lines_are_sent_agai
     assert logger.flush(10) == 0
     stats = logger.stats()
     logger.close(1)
+    assert_counters_add_up(stats)
     assert server.requests == [400, 204]
     assert server.lines == [f"m v=0 {TS}".encode(), f"m v=2 {TS + 2}".encode()]
     assert (stats["sent"], stats["dropped_by_reason"]) == (2, {"rejected": 1})
@@ -266,6 +299,7 @@ def test_cloud_line_numbers_resend_the_lines_not_named(server):
     assert logger.flush(10) == 0
     stats = logger.stats()
     logger.close(1)
+    assert_counters_add_up(stats)
     assert server.lines == [f"m v=0 {TS}".encode()]
     assert (stats["sent"], stats["dropped_by_reason"]) == (1, {"rejected": 2})
 
@@ -277,4 +311,5 @@ def test_a_refusal_naming_no_line_rejects_the_batch(server):
     assert logger.flush(10) == 0
     stats = logger.stats()
     logger.close(1)
+    assert_counters_add_up(stats)
     assert (stats["sent"], stats["dropped_by_reason"], server.requests) == (0, {"rejected": 3}, [404])

@@ -11,14 +11,19 @@ exactly: nothing lost, nothing sent twice.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from counters import assert_counters_add_up
+from fault_server import Reply, fault_server
 from servers import free_port
 
 pytestmark = pytest.mark.slow
@@ -338,6 +343,71 @@ def test_server_down_at_exit_ends_the_process_and_counts_the_loss(tmp_path, endi
         status, out, err = finish(process)
         assert status == 0, err
         assert out.strip() == "dropped {'shutdown': 3000}"
+
+
+def test_counters_add_up_after_the_exit_drain_against_a_server_that_never_answers(tmp_path):
+    """A port that accepts and never answers: the batch in flight at the deadline is `unconfirmed`, the rest `shutdown`.
+
+    `queued` still counts every point logged after the drain discarded the records
+    not yet encoded.
+    """
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1024)  # the kernel accepts connections; nobody reads or answers
+    body = """
+    import atexit, json
+
+    # Registered before the logger exists, so it runs after the library's exit drain.
+    atexit.register(lambda: print(json.dumps(logger.stats()), flush=True))
+    logger = MetricsLogger(url=URL, database=DB, api_version=1, self_metrics_interval=None)
+    for i in range(50_000):
+        logger.log("life", fields={"i": i})
+    """
+    try:
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        status, out, err = finish(run_child(tmp_path, body, url, "db", {"TELEMETRY_EXIT_TIMEOUT": "1"}))
+    finally:
+        silent.close()
+    assert status == 0, err
+    stats = json.loads(out.strip().splitlines()[-1])
+    assert stats["queued"] == 50_000
+    assert stats["unconfirmed"] > 0, "a request was in flight at the deadline"
+    assert stats["dropped_by_reason"] == {"shutdown": 50_000 - stats["unconfirmed"]}
+    assert (stats["sent"], stats["pending"]) == (0, 0)
+    assert_counters_add_up(stats)
+
+
+CLOSED = re.compile(r"closed with (\d+) items undelivered \(counted shutdown\) and (\d+) unconfirmed")
+
+
+def test_sigterm_behind_a_slow_edge_reports_the_request_in_flight_unconfirmed_not_lost(influx_db, tmp_path):
+    """Each request is held 1 s by a proxy in front of InfluxDB; the 2.5 s drain ends with one in flight.
+
+    The warning must count that batch `unconfirmed` (the proxy still delivers it),
+    and only the batches never sent as undelivered: the server then holds exactly
+    what was logged less what was reported undelivered.
+    """
+    server, database = influx_db
+    with fault_server(upstream=server.url) as proxy:
+        proxy.then(*[Reply(204, delay=1.0)] * 20)
+        body = """
+        logger = MetricsLogger(url=URL, database=DB, api_version=1, self_metrics_interval=None)
+        log_points(logger, "main", 20_000)  # four batches: 4 s through the proxy, more than the drain has
+        print("ready", flush=True)
+        while True:
+            time.sleep(0.05)
+        """
+        process = run_child(tmp_path, body, proxy.url, database, {"TELEMETRY_EXIT_TIMEOUT": "2.5"})
+        assert wait_ready(process) == "ready"
+        process.send_signal(signal.SIGTERM)
+        status, _, err = finish(process)
+        assert status == -signal.SIGTERM, err
+        assert proxy.wait_until(lambda p: len(p.requests) == p.received), "the proxy delivered what it held"
+    found = CLOSED.findall(err)
+    assert len(found) == 1, err[-3000:]
+    undelivered, unconfirmed = map(int, found[0])
+    assert unconfirmed > 0
+    assert stored(server, database) == {"main": 20_000 - undelivered}
 
 
 # ---- the memory bound counts records not yet encoded ----------------------------------------

@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 import pytest
+from counters import assert_counters_add_up
 from loki_receiver import Limits, LokiReceiver
 
 from telemetry_client import BufferSettings
@@ -225,6 +226,7 @@ def exact(receiver: LokiReceiver, handler: LokiHandler, logged: int) -> dict:
     assert receiver.duplicates == 0
     assert stats["sent"] == receiver.count() == len(ids)
     assert stats["sent"] + stats["dropped"] == logged
+    assert_counters_add_up(stats)
     return stats
 
 

@@ -6,8 +6,9 @@ import email.utils
 import time
 
 import pytest
+from counters import assert_counters_add_up
 from fault_server import Reply, fault_server
-from servers import free_port
+from servers import free_port, influxdb_v1_for_outages
 
 from telemetry_client import BufferSettings
 from telemetry_client._engine.retry import backoff_delay, parse_retry_after
@@ -16,7 +17,7 @@ from telemetry_client.metrics import MetricsLogger
 FAST = dict(flush_interval=0.05, retry_base=0.02, retry_cap=0.1)
 
 
-def _logger(url: str, **buffer: object) -> MetricsLogger:
+def _logger(url: str, read_timeout: float = 0.5, **buffer: object) -> MetricsLogger:
     settings = BufferSettings(**{**FAST, **buffer})
     return MetricsLogger(
         url=url,
@@ -24,7 +25,7 @@ def _logger(url: str, **buffer: object) -> MetricsLogger:
         database="d",
         buffer=settings,
         self_metrics_interval=None,
-        read_timeout=0.5,
+        read_timeout=read_timeout,
         connect_timeout=0.5,
     )
 
@@ -43,6 +44,7 @@ def test_5xx_and_429_are_retried_and_nothing_is_lost():
         stats = logger.stats()
         assert stats["retries"] == 4
         assert stats["dropped"] == 0
+        assert_counters_add_up(stats)
         assert sorted(_ids(server.lines)) == list(range(100))
         assert server.requests[:4] == [500, 503, 429, 502]
         logger.close(1)
@@ -71,6 +73,7 @@ def test_400_is_not_retried_and_is_counted_as_rejected():
         stats = logger.stats()
         assert stats["dropped_by_reason"] == {"rejected": 10}
         assert stats["retries"] == 0
+        assert_counters_add_up(stats)
         assert "field type conflict" in stats["last_error"]
         logger.log("m", fields={"i": 99})
         assert logger.flush(10) == 0
@@ -88,6 +91,7 @@ def test_read_timeouts_are_retried():
         assert "Timeout" in logger.stats()["last_error"] or "timed out" in logger.stats()["last_error"]
         assert 7 in _ids(server.lines)  # the timed-out request may also have landed: at-least-once
         logger.close(1)
+        assert_counters_add_up(logger.stats())
 
 
 def test_outage_that_fits_the_buffer_loses_nothing():
@@ -99,11 +103,13 @@ def test_outage_that_fits_the_buffer_loses_nothing():
     stats = logger.stats()
     assert stats["retries"] >= 1 and stats["sent"] == 0
     assert "Connection" in stats["last_error"] or "refused" in stats["last_error"]
+    assert_counters_add_up(stats)
     with fault_server(port) as server:
         assert logger.flush(20) == 0
         assert sorted(_ids(server.lines)) == list(range(2_000))
     assert logger.stats()["dropped"] == 0
     logger.close(1)
+    assert_counters_add_up(logger.stats())
 
 
 def test_outage_that_overflows_drops_the_oldest_and_counts_them():
@@ -120,6 +126,8 @@ def test_outage_that_overflows_drops_the_oldest_and_counts_them():
     assert 0 not in received, "the oldest points were dropped"
     assert stats["dropped_by_reason"]["buffer_full"] == 2_000 - len(received)
     assert stats["sent"] == len(received)
+    assert received == list(range(2_000 - len(received), 2_000)), "exactly the oldest were dropped"
+    assert_counters_add_up(stats)
     logger.close(1)
 
 
@@ -149,6 +157,7 @@ def test_an_outage_holds_sealed_batches_compressed_only():
     logger.close(1)
     assert received[-1] == points - 1, "the newest points survive"
     assert (stats["sent"], stats["dropped_by_reason"]) == (len(received), {"buffer_full": points - len(received)})
+    assert_counters_add_up(stats)
     assert raw_bytes > 4 * max_bytes, f"only {len(received)} points ({raw_bytes} bytes) kept in {max_bytes} bytes"
 
 
@@ -165,6 +174,7 @@ def test_a_batch_refused_twice_with_429_is_split_from_its_compressed_body():
         assert server.requests == [429, 429, 204, 204]
         assert sorted(_ids(server.lines)) == list(range(6))
     assert (stats["sent"], stats["batches"], stats["dropped"]) == (6, 2, 0)
+    assert_counters_add_up(stats)
 
 
 def test_buffered_data_past_max_age_expires_counted():
@@ -178,6 +188,7 @@ def test_buffered_data_past_max_age_expires_counted():
         assert logger.flush(10) == 0
         assert _ids(server.lines) == [100]
     assert logger.stats()["dropped_by_reason"] == {"expired": 10}
+    assert_counters_add_up(logger.stats())
     logger.close(1)
 
 
@@ -188,17 +199,31 @@ def test_close_with_the_server_down_returns_and_counts_what_is_left():
     left = logger.close(timeout=1.0)
     assert left == 100
     assert logger.stats()["dropped_by_reason"]["shutdown"] == 100
+    assert_counters_add_up(logger.stats())
     logger.log("m", fields={"i": 1})  # after close: counted, never raises, never buffered
     assert logger.stats()["dropped_by_reason"]["shutdown"] == 101
     assert logger.stats()["pending"] == 0
+    assert_counters_add_up(logger.stats())
 
 
-def test_close_against_a_hanging_server_returns():
+def test_close_against_a_hanging_server_returns_and_counts_the_request_unconfirmed():
+    """A request unanswered at the deadline may be stored: `unconfirmed`, never `shutdown`; its late answer counts."""
     with fault_server() as server:
-        server.then(*[Reply(204, delay=3.0)] * 3)
-        logger = _logger(server.url)
+        server.then(Reply(204, delay=1.0))
+        logger = _logger(server.url, read_timeout=30)
         logger.log("m", fields={"i": 1})
-        assert logger.close(timeout=0.5) in (0, 1)
+        assert server.wait_until(lambda s: s.received == 1)
+        assert logger.close(timeout=0.2) == 1
+        stats = logger.stats()
+        assert (stats["unconfirmed"], stats["sent"], stats["dropped"]) == (1, 0, 0)
+        assert_counters_add_up(stats)
+        assert server.wait_until(lambda s: s.requests == [204])
+        deadline = time.monotonic() + 20
+        while logger.stats()["sent"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        stats = logger.stats()
+        assert (stats["unconfirmed"], stats["sent"], stats["dropped"]) == (0, 1, 0)
+        assert_counters_add_up(stats)
 
 
 def test_parse_retry_after_seconds_and_http_date():
@@ -235,6 +260,7 @@ def test_close_while_a_batch_is_being_sealed_loses_nothing():
         assert logger.close(10) == 0
         assert (logger.stats()["sent"], logger.stats()["dropped"]) == (10, 0)
         assert sorted(_ids(server.lines)) == list(range(10))
+        assert_counters_add_up(logger.stats())
 
 
 def test_lock_free_counter_counts_every_bump_from_many_threads():
@@ -250,3 +276,242 @@ def test_lock_free_counter_counts_every_bump_from_many_threads():
     for thread in threads:
         thread.join()
     assert counter.value == 80_000
+
+
+# ---- outages, hanging servers and whole-batch refusals -------------------------------------
+
+# Backoff settings where a full-jitter wait after one failure is up to 30 s: a test that
+# delivers within its flush deadline proves the refused connection was tried again sooner.
+SLOW_BACKOFF = dict(retry_base=30.0, retry_cap=30.0)
+
+
+def test_a_refused_connection_is_tried_again_within_a_second_whatever_the_backoff():
+    port = free_port()
+    logger = _logger(f"http://127.0.0.1:{port}", **SLOW_BACKOFF)
+    for i in range(100):
+        logger.log("m", fields={"i": i})
+    deadline = time.monotonic() + 20
+    while logger.stats()["retries"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert logger.stats()["retries"] >= 2, "refused twice: a full-jitter wait of up to 30 s would not"
+    with fault_server(port) as server:
+        assert logger.flush(10) == 0
+        assert sorted(_ids(server.lines)) == list(range(100))
+    stats = logger.stats()
+    logger.close(1)
+    assert (stats["sent"], stats["dropped"]) == (100, 0)
+    assert_counters_add_up(stats)
+
+
+def test_the_edge_answering_502_for_a_store_that_is_down_is_tried_again_soon():
+    """Caddy answers 502 Bad Gateway while the store behind it refuses: the same short wait as a refused connection."""
+    with fault_server() as server:
+        server.then(Reply(502), Reply(502), Reply(502))
+        logger = _logger(server.url, **SLOW_BACKOFF)
+        for i in range(10):
+            logger.log("m", fields={"i": i})
+        assert logger.flush(15) == 0
+        stats = logger.stats()
+        logger.close(1)
+        assert server.requests == [502, 502, 502, 204]
+        assert sorted(_ids(server.lines)) == list(range(10))
+    assert (stats["sent"], stats["retries"], stats["dropped"]) == (10, 3, 0)
+    assert_counters_add_up(stats)
+
+
+def test_the_sender_keeps_encoding_while_a_request_hangs():
+    """Records must not pile up raw behind a request the server does not answer (the bounds then drop the oldest)."""
+    with fault_server() as server:
+        server.then(Reply(204, delay=2.0))
+        logger = _logger(server.url, read_timeout=30, batch_items=100, flush_interval=60)
+        for i in range(100):  # one batch: sent at once, and held by the server
+            logger.log("m", fields={"i": i})
+        assert server.wait_until(lambda s: s.received == 1)
+        for i in range(100, 3_000):
+            logger.log("m", fields={"i": i})
+        channel = logger.channel
+        deadline = time.monotonic() + 20
+        while channel._intake and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with server.lock:
+            answered = list(server.requests)
+        assert not channel._intake and answered == [], "encoded while the request was still unanswered"
+        assert logger.flush(30) == 0
+        stats = logger.stats()
+        logger.close(1)
+        assert sorted(_ids(server.lines)) == list(range(3_000))
+    assert_counters_add_up(stats)
+
+
+WHOLE_CONFLICT = Reply(400, body=b'{"error":"field type conflict"}\n')
+
+
+def test_a_refusal_of_the_whole_batch_naming_no_line_is_split_until_the_bad_line_is_alone():
+    """InfluxDB 1.x refuses a new shard's batch whole for one field type conflict: only that line is rejected.
+
+    Four points, the last one bad: [0-3] refused whole, [0,1] stored, [2,3] refused
+    whole, [2] stored, [3] refused alone. (The real server is in test_influx_partial_writes.py.)
+    """
+    with fault_server() as server:
+        server.then(WHOLE_CONFLICT, Reply(204), WHOLE_CONFLICT, Reply(204), WHOLE_CONFLICT)
+        logger = _logger(server.url, flush_interval=60)
+        for i in range(4):
+            logger.log("m", fields={"i": i})
+        assert logger.flush(20) == 0
+        stats = logger.stats()
+        logger.close(1)
+        assert server.requests == [400, 204, 400, 204, 400]
+        assert sorted(_ids(server.lines)) == [0, 1, 2]
+    assert (stats["sent"], stats["dropped_by_reason"], stats["retries"]) == (3, {"rejected": 1}, 0)
+    assert "field type conflict" in stats["last_error"]
+    assert_counters_add_up(stats)
+
+
+def test_field_values_left_out_do_not_break_the_counters():
+    """A NaN field is counted `non_finite` while its point is sent: `dropped_values` keeps the identity."""
+    with fault_server() as server:
+        logger = _logger(server.url)
+        logger.log("m", fields={"i": 1, "x": float("nan")})  # sent without x
+        logger.log("m", fields={"x": float("nan")})  # no field left: dropped whole (no_fields)
+        logger.log("m", fields={"i": 2}, sample_rate=0.0)  # sampled out
+        assert logger.flush(10) == 0
+        logger.close(1)
+        logger.log("m", fields={"i": 3})  # after close
+        stats = logger.stats()
+    assert stats["dropped_by_reason"] == {"non_finite": 2, "no_fields": 1, "sampled_out": 1, "shutdown": 1}
+    assert (stats["queued"], stats["sent"], stats["dropped_values"]) == (4, 1, 2)
+    assert_counters_add_up(stats)
+
+
+TS = 1_700_000_000_000_000_000
+
+
+def _log_paced(logger: MetricsLogger, first: int, count: int, rate: float) -> int:
+    """Log points `first`.. at `rate` points/s (a training loop's pace); return the next id."""
+    began = time.monotonic()
+    for i in range(first, first + count):
+        logger.log("m", fields={"i": i}, timestamp=TS + i)
+        if i % 100 == 99:
+            time.sleep(max(0.0, began + (i - first + 1) / rate - time.monotonic()))
+    return first + count
+
+
+def _stored_ids(server, database: str) -> list[int]:
+    return sorted(int(row["i"]) for row in server.rows('SELECT "i" FROM "m"', database))
+
+
+@pytest.mark.slow
+def test_an_outage_that_fits_the_buffer_loses_nothing_on_influxdb():
+    """InfluxDB killed, then restarted: delivery resumes soon enough that the buffer never overflows.
+
+    A full-jitter wait of up to 30 s after the first refusal (SLOW_BACKOFF) would
+    outlast the room left: 4,000 points buffered when the server is back, 2,000/s
+    more, max_items 12,000. A refused connection is tried again within a second.
+    """
+    with influxdb_v1_for_outages() as server:
+        server.create_database("d")
+        logger = MetricsLogger(
+            url=server.url,
+            database="d",
+            api_version=1,
+            self_metrics_interval=None,
+            buffer=BufferSettings(max_items=12_000, batch_items=1_000, **SLOW_BACKOFF),
+        )
+        logged = _log_paced(logger, 0, 2_000, rate=2_000)
+        server.kill()
+        logged = _log_paced(logger, logged, 4_000, rate=2_000)
+        assert logger.stats()["sent"] < logged and "refused" in logger.stats()["last_error"]
+        server.start()  # returns once it answers
+        logged = _log_paced(logger, logged, 10_000, rate=2_000)
+        assert logger.flush(60) == 0
+        stats = logger.stats()
+        logger.close(1)
+        assert _stored_ids(server, "d") == list(range(logged))
+    assert (stats["sent"], stats["dropped"]) == (logged, 0)
+    assert_counters_add_up(stats)
+
+
+@pytest.mark.slow
+def test_a_hanging_server_costs_only_the_oldest_points_counted_exactly():
+    """InfluxDB paused (SIGSTOP) for several read timeouts, then resumed: the dropped points are the oldest ones.
+
+    While the server accepts connections and answers none, every request times out;
+    the sender keeps encoding, and beyond max_items the oldest data goes, encoded or
+    not, except the batch whose request is unanswered (it may be stored, and is).
+    So the points lost form one run, starting within one batch of where the hang
+    began, and what the server stored is exactly what is counted sent.
+    """
+    batch = 500
+    with influxdb_v1_for_outages() as server:
+        server.create_database("d")
+        logger = MetricsLogger(
+            url=server.url,
+            database="d",
+            api_version=1,
+            self_metrics_interval=None,
+            read_timeout=3.0,
+            buffer=BufferSettings(max_items=6_000, batch_items=batch, flush_interval=0.2),
+        )
+        logged = _log_paced(logger, 0, 1_000, rate=3_000)
+        assert logger.flush(30) == 0
+        server.pause()
+        try:
+            logged = _log_paced(logger, logged, 30_000, rate=3_000)  # 10 s: three read timeouts
+            assert logger.stats()["dropped_by_reason"].get("buffer_full", 0) > 0
+        finally:
+            server.resume()
+        logged = _log_paced(logger, logged, 3_000, rate=3_000)
+        assert logger.flush(60) == 0
+        stats = logger.stats()
+        logger.close(1)
+        stored = _stored_ids(server, "d")
+    lost = sorted(set(range(logged)) - set(stored))
+    assert lost, "the hang outgrew the buffer"
+    assert lost == list(range(lost[0], lost[-1] + 1)), "one run of the oldest: no point dropped while an older was kept"
+    assert lost[0] <= 1_000 + batch, "the run starts where the hang began"
+    assert stored[-1] == logged - 1
+    assert (stats["sent"], stats["dropped_by_reason"], stats["unconfirmed"]) == (
+        len(stored),
+        {"buffer_full": len(lost)},
+        0,
+    )
+    assert_counters_add_up(stats)
+
+
+def test_counters_add_up_at_every_moment_under_mixed_faults():
+    """Two threads log through refusals, 5xx, 429, slow and timed-out answers and an overflowing buffer.
+
+    The identity is read while they log and the sender works, after the flush and after close.
+    """
+    import random
+    import threading
+
+    rng = random.Random(7)
+    choices = [Reply(503), Reply(429), Reply(204, delay=0.3), Reply(204), Reply(204), WHOLE_CONFLICT, Reply(400)]
+    with fault_server() as server:
+        server.then(*(rng.choice(choices) for _ in range(60)))
+        logger = _logger(server.url, read_timeout=0.2, max_items=300, batch_items=50)
+
+        def log(offset: int) -> None:
+            for i in range(offset, offset + 3_000):
+                fields = {"i": i, "x": float("nan")} if i % 7 == 0 else {"i": i}
+                logger.log("m", fields=fields, sample_rate=0.5 if i % 11 == 0 else 1.0)
+                if i % 100 == 0:
+                    time.sleep(0.002)
+
+        threads = [threading.Thread(target=log, args=(k * 10_000,)) for k in range(2)]
+        for thread in threads:
+            thread.start()
+        reads = 0
+        while any(thread.is_alive() for thread in threads):
+            assert_counters_add_up(logger.stats())
+            reads += 1
+        for thread in threads:
+            thread.join()
+        logger.flush(30)
+        assert_counters_add_up(logger.stats())
+        logger.close(1)
+        stats = logger.stats()
+    assert reads > 10
+    assert stats["dropped_by_reason"].get("buffer_full", 0) > 0 and stats["sent"] > 0
+    assert_counters_add_up(stats)

@@ -5,14 +5,18 @@ destination (an InfluxDB write URL, a Loki push URL) with its own bounded buffer
 batches and counters. Callers only append to a deque: they never touch the
 network, never wait on a lock held across I/O and never see an exception.
 
-Buffer policy: **drop oldest**. When a bound is reached the oldest data makes room
-for the newest (after an outage the recent state of the node matters most), and
-every dropped record is counted under `buffer_full`.
+Buffer policy: **drop oldest**, across everything buffered. `max_items` and
+`max_bytes` bound the records not yet encoded, the batches being filled and the
+sealed batches together; beyond them the oldest data goes first, whether encoded
+or not, and is counted under `buffer_full`. The sender keeps encoding while a
+request is in flight, so records do not pile up raw behind a slow server. The one
+batch never dropped is the one whose request is unanswered (in flight, or timed
+out and waiting to be sent again): the server may have stored it. The size of
+records not yet encoded is estimated from a sample of them (see `estimate_size`).
 
-Bounds: at most `max_items` records wait to be encoded, and at most `max_items`
-encoded items wait to be sent. `max_bytes` bounds everything buffered: the
-compressed batches, the batch being filled, and the records not yet encoded,
-whose size is estimated from a sample of them (see `estimate_size`).
+Counters add up at every moment: `queued` = `sent` + `pending` + `unconfirmed` +
+the drops of whole items (`dropped` less `dropped_values`, the parts of items such
+as field values that were left out of an item sent on). See `Channel.stats`.
 """
 
 from __future__ import annotations
@@ -41,12 +45,15 @@ Item = tuple[Any, int, str]
 
 RETRYABLE_STATUS = frozenset({408, 425, 429})  # and every 5xx
 TOO_MANY_REQUESTS = 429
+BAD_GATEWAY = 502  # a proxy (the edge) could not reach the server: as a refused connection behind it
+UNREACHABLE_RETRY_CAP = 1.0  # seconds: the longest wait before trying a server that refused the connection again
+ANSWER_POLL = 0.02  # seconds the sender waits on an unanswered request before looking for new records
+CLOSE_MARGIN = 0.2  # seconds of the exit deadline kept for closing after delivery stops (at most a tenth of it)
 SPLIT_AFTER_429S = 2  # consecutive 429s on a batch before it is halved
 GIVE_UP_AFTER_429S = 6  # consecutive 429s on a single item larger than the stated rate before it is dropped
 OVERLAP_CHUNK = 500  # records encoded between two looks at whether the server has answered
 RECORD_SAMPLE_MASK = 63  # the size of one drained record in 64 is measured
 DEFAULT_RECORD_BYTES = 1024.0  # the size assumed for a raw record until one has been measured
-INTAKE_FLOOR = 8  # records waiting to be encoded may always use 1/8 of max_bytes
 
 
 @dataclass(frozen=True)
@@ -87,11 +94,18 @@ class Verdict:
     counts go to their drop reasons, `resend` items are sealed again (never items the
     server already stored: Loki keeps duplicates). Items the verdict does not account
     for are counted `rejected`, never sent.
+
+    `split`: the server refused the whole batch for what some of its lines hold,
+    without naming them (InfluxDB 1.x's `field type conflict` in a new shard, see
+    `_influx/rejections.py`). The batch is sent again in halves, as after repeated
+    429s, until the refusals name their lines or a lone item is refused: only those
+    are counted `rejected`.
     """
 
     stored: Sequence[Item] = ()
     refused: Mapping[str, int] = field(default_factory=dict)  # drop reason -> number of items
     resend: Sequence[Item] = ()
+    split: bool = False
 
 
 class Sink(Protocol):
@@ -101,7 +115,13 @@ class Sink(Protocol):
     transport: Transport
 
     def encode(self, record: Any, emit: Callable[[Item], None], drop: Callable[[str, int], None]) -> None:
-        """Turn one caller record into zero or more items (call `emit`), counting drops (`drop`)."""
+        """Turn one caller record into items (call `emit`), counting what it drops (`drop(reason, count)`).
+
+        `drop(reason, count)` counts items dropped whole (a record's point that is
+        invalid); `drop.part(reason, count)`, when the engine's `drop` has it, counts
+        parts left out of an item that is still emitted (field values). Each record
+        should emit an item or count one dropped whole.
+        """
 
     def build_body(self, items: Sequence[Item]) -> bytes:
         """The uncompressed request body for a batch."""
@@ -155,11 +175,36 @@ class _Batch:
     body: bytes = b""
     key_counts: dict[str, int] = field(default_factory=dict)
     throttled: int = 0  # consecutive 429 answers
+    unanswered: bool = False  # a request for it was sent and got no answer: the server may have stored it
 
     @property
     def memory(self) -> int:
         """Bytes this sealed batch holds in the buffer."""
         return len(self.body) + (self.nbytes if self.items else 0)
+
+
+class _EncodeDrops:
+    """The `drop` a sink's `encode` gets: `drop(reason, count)` for whole items, `drop.part(...)` for parts of one.
+
+    Both count under `reason`. The channel keeps the two apart so that its
+    counters add up: an item dropped whole is one of the items `queued` counts,
+    a field value left out of a point that is sent is not.
+    """
+
+    __slots__ = ("_channel",)
+
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
+
+    def __call__(self, reason: str, count: int = 1) -> None:
+        channel = self._channel
+        channel._drop(reason, count)
+        channel._produced += count
+
+    def part(self, reason: str, count: int = 1) -> None:
+        channel = self._channel
+        channel._drop(reason, count)
+        channel.dropped_values += count
 
 
 class Channel:
@@ -182,6 +227,8 @@ class Channel:
         self._record_bytes = DEFAULT_RECORD_BYTES  # estimated memory of one raw record
         self._record_sampled = False
         self._intake_limit = self.settings.max_items  # records the intake may hold (see _update_intake_limit)
+        self._in_flight: _Batch | None = None  # the batch whose request the sender is making
+        self._unconfirmed_batch: _Batch | None = None  # the one close() counted unconfirmed, until answered
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._partials: dict[str, _Batch] = {}  # one per key when the sink sends one key per request
@@ -196,7 +243,12 @@ class Channel:
         self._intake_drops = Counter()
         self._sampled_out = Counter()
         self._after_close_drops = Counter()
+        self._encode_drops = _EncodeDrops(self)
+        self._produced = 0  # items emitted by encoding, plus items it dropped whole
+        self._cleared = 0  # records close() discarded before they were encoded
         self.drained = 0
+        self.dropped_values = 0  # parts of items (field values) left out of items sent on, counted in `dropped`
+        self.unconfirmed = 0  # items of requests unanswered when the channel closed: maybe stored
         self.sent = 0
         self.batches = 0
         self.bytes_sent = 0
@@ -241,6 +293,7 @@ class Channel:
             self.dropped[reason] = self.dropped.get(reason, 0) + count
 
     def _emit(self, item: Item) -> None:
+        self._produced += 1
         key = item[2] if self._batch_per_key else ""
         batch = self._partials.get(key)
         if batch is None:
@@ -302,10 +355,36 @@ class Channel:
         self._backlog_bytes -= batch.memory
         return batch
 
+    def _pinned(self) -> _Batch | None:
+        """The oldest batch when its request is unanswered (in flight, or timed out): it is never dropped.
+
+        The server may have stored it, so dropping it would count as lost what may be
+        stored. It is sent again until answered, or counted `unconfirmed` at close.
+        Only the oldest batch is ever sent, so only it can be unanswered.
+        """
+        if self._backlog:
+            first = self._backlog[0]
+            if first is self._in_flight or first.unanswered:
+                return first
+        return None
+
+    def _pop_droppable(self) -> _Batch | None:
+        """Take out the oldest batch that may be dropped (the second when the first is pinned), if any."""
+        backlog = self._backlog
+        if self._pinned() is None:
+            return self._pop_oldest() if backlog else None
+        if len(backlog) < 2:
+            return None
+        first = backlog.popleft()
+        try:
+            return self._pop_oldest()
+        finally:
+            backlog.appendleft(first)
+
     def _encode_intake(self, records: int) -> None:
         """Encode up to `records` records from the intake."""
         intake = self._intake
-        encode, emit, drop = self.sink.encode, self._emit, self._drop
+        encode, emit, drop = self.sink.encode, self._emit, self._encode_drops
         for _ in range(records):
             if not intake:
                 break
@@ -316,11 +395,16 @@ class Channel:
             self.drained += 1
             if not self.drained & RECORD_SAMPLE_MASK:
                 self._sample_record(record)
+            produced = self._produced
             try:
                 encode(record, emit, drop)
             except Exception:
                 drop("encode_error")
                 warn.warning(f"{self.sink.name}:encode", "%s: could not encode a record", self.sink.name, exc_info=True)
+            else:
+                if self._produced == produced:  # neither emitted nor counted: the sink's bug, kept in the books
+                    drop("encode_error")
+                    warn.warning(f"{self.sink.name}:lost", "%s: a record was encoded into nothing", self.sink.name)
 
     def _sample_record(self, record: Any) -> None:
         """Update the raw-record size estimate: the first sample, then a moving average."""
@@ -335,22 +419,36 @@ class Channel:
         """Estimated memory of the records waiting to be encoded."""
         return int(len(self._intake) * self._record_bytes)
 
-    def _update_intake_limit(self) -> None:
-        """How many records `submit` lets wait: what `max_bytes` leaves after the encoded data.
+    def _buffered_items(self) -> int:
+        return len(self._intake) + self._partial_items() + self._backlog_items
 
-        Never less than 1/8 of `max_bytes`' worth, so that new records can push out
-        the oldest encoded batches (which `_enforce_bounds` then drops).
+    def _buffered_bytes(self) -> int:
+        return self._intake_bytes() + self._partial_bytes() + self._backlog_bytes
+
+    def _update_intake_limit(self) -> None:
+        """How many records `submit` lets wait: the whole bound, less the batch that cannot be dropped.
+
+        Records waiting to be encoded are the newest data, so they may push out every
+        older batch: the sender, which keeps encoding, drops those (`_enforce_bounds`).
+        `submit` drops its own oldest record only once the records alone fill the bound.
         """
         s = self.settings
-        room = s.max_bytes - self._backlog_bytes - self._partial_bytes()
-        floor = s.max_bytes / INTAKE_FLOOR
-        self._intake_limit = max(1, min(s.max_items, int(max(room, floor) / self._record_bytes)))
+        pinned = self._pinned()
+        items = s.max_items - (pinned.count if pinned else 0)
+        room = s.max_bytes - (pinned.memory if pinned else 0)
+        self._intake_limit = max(1, min(items, int(room / self._record_bytes)))
 
     def _enforce_bounds(self, now: float) -> None:
+        """Drop the oldest data, encoded or not, until everything buffered fits `max_items` and `max_bytes`."""
         s = self.settings
-        raw = self._partial_bytes() + self._intake_bytes()
-        while self._backlog and (self._backlog_items > s.max_items or self._backlog_bytes + raw > s.max_bytes):
-            lost = self._pop_oldest()
+        while self._buffered_items() > s.max_items or self._buffered_bytes() > s.max_bytes:
+            lost = self._pop_droppable()
+            if lost is None:
+                if not self._partials:
+                    break  # what is left over the bound is the newest records: `submit` drops their oldest
+                key = min(self._partials, key=lambda k: self._partials[k].created)  # older than any record waiting
+                lost = self._partials.pop(key)
+                lost.count = len(lost.items)
             self._drop("buffer_full", lost.count)
             self._attempt = 0
             warn.warning(
@@ -362,8 +460,11 @@ class Channel:
                 lost.count,
             )
         if s.max_age is not None:
-            while self._backlog and now - self._backlog[0].created > s.max_age:
-                self._drop("expired", self._pop_oldest().count)
+            while True:
+                index = 0 if self._pinned() is None else 1
+                if len(self._backlog) <= index or now - self._backlog[index].created <= s.max_age:
+                    break
+                self._drop("expired", self._pop_droppable().count)  # type: ignore[union-attr]
                 self._attempt = 0
         self._update_intake_limit()
 
@@ -395,29 +496,40 @@ class Channel:
         while True:
             now = time.monotonic()
             with self._lock:
-                if not self._backlog or now < self._next_attempt or now - started > 0.25:
+                if self._closed or not self._backlog or now < self._next_attempt or now - started > 0.25:
                     return sent_any
-                batch = self._backlog[0]
+                batch = self._in_flight = self._backlog[0]
             if not self._send(batch, deadline):
                 return sent_any
             sent_any = True
 
     def _send(self, batch: _Batch, deadline: float | None) -> bool:
-        """One attempt at the oldest batch. True when it left the backlog (sent or dropped)."""
+        """One attempt at the oldest batch (`_in_flight`). True when it left the backlog (sent or dropped)."""
         transport = self.sink.transport
         body = batch.body
         cap = None if deadline is None else deadline - time.monotonic()
         response: Response | None = None
         error = None
+        sent = refused = False
         try:
             pending = transport.start(body, timeout_cap=cap)
-            self._encode_while_waiting(pending)
+            sent = True
+            self._wait_for_answer(pending)
             response = pending.finish()
         except TransportError as exc:
             error = str(exc)
+            refused = getattr(exc, "refused", False)
+        except BaseException:  # a transport's bug: the engine logs it; the batch is no longer in flight
+            with self._lock:
+                self._in_flight = None
+            raise
         with self._lock:
-            if not self._backlog or self._backlog[0] is not batch:
-                return True  # dropped by the bounds while in flight
+            self._in_flight = None
+            if self._closed:
+                self._settle_after_close(batch, response, sent)
+                return True
+            if response is None:
+                batch.unanswered = batch.unanswered or sent  # sent, then no answer: the server may have it
             if response is not None and 200 <= response.status < 300:
                 self._pop_oldest()
                 self._delivered(batch)
@@ -432,22 +544,52 @@ class Channel:
                 handled, refill = self._throttled(batch, response)
                 if handled:
                     return False
-            self._schedule_retry(response, error, refill)
+            unreachable = refused or (response is not None and response.status == BAD_GATEWAY)
+            self._schedule_retry(response, error, refill, unreachable)
             return False
 
-    def _encode_while_waiting(self, pending: Answer) -> None:
-        """Encode what the caller queued while the server works on the request, until its answer arrives.
+    def _wait_for_answer(self, pending: Answer) -> None:
+        """Encode the records callers queue, in every channel, until the server answers or the request times out.
 
-        Chunks of `OVERLAP_CHUNK` records, up to two batches' worth: encoding and
-        sending then keep pace, and the answer is read soon after it comes.
+        So records never pile up raw behind a slow or hanging request: they become
+        batches, and the bounds drop the oldest data whether encoded or not. Chunks
+        of `OVERLAP_CHUNK` records, with a look at the socket between two, so the
+        answer is read soon after it comes.
         """
-        budget = 2 * self.settings.batch_items
-        while budget > 0 and self._intake:
-            with self._lock:
-                self._encode_intake(min(OVERLAP_CHUNK, budget))
-            budget -= OVERLAP_CHUNK
-            if pending.answered():
-                return
+        engine = self._engine
+        wait = getattr(pending, "wait", None)
+        if wait is None:  # a transport that cannot wait with a timeout: `finish()` may block after this
+            while not pending.answered() and engine.encode_queued():
+                pass
+            return
+        busy = True
+        while not wait(0.0 if busy else ANSWER_POLL):
+            busy = engine.encode_queued()
+
+    def encode_chunk(self) -> bool:
+        """Encode one chunk of the records waiting (while a request is in flight); True when there were any."""
+        if not self._intake:
+            return False
+        with self._lock:
+            self._encode_intake(OVERLAP_CHUNK)
+            self._enforce_bounds(time.monotonic())
+        return True
+
+    def _settle_after_close(self, batch: _Batch, response: Response | None, sent: bool) -> None:
+        """The end of a request that `close()` counted `unconfirmed`: an answer settles what it can.
+
+        Delivered: counted sent. Never sent (the connection failed) and never sent
+        before: counted `shutdown`. Anything else stays unconfirmed.
+        """
+        if batch is not self._unconfirmed_batch:
+            return
+        self._unconfirmed_batch = None
+        if response is not None and 200 <= response.status < 300:
+            self.unconfirmed -= batch.count
+            self._delivered(batch)
+        elif not sent and not batch.unanswered:
+            self.unconfirmed -= batch.count
+            self._drop("shutdown", batch.count)
 
     def _delivered(self, batch: _Batch) -> None:
         self.sent += batch.count
@@ -470,6 +612,25 @@ class Channel:
         message = response.body[:500].decode("utf-8", "replace").strip()
         self.last_error = f"HTTP {response.status}: {message}"
         self.last_error_time = time.time()
+        verdict = None
+        items = self._items_of(batch)
+        if items:
+            try:
+                verdict = self.sink.on_rejected(items, response)
+            except Exception:
+                warn.warning(f"{self.sink.name}:on_rejected", "%s: on_rejected failed", self.sink.name, exc_info=True)
+        if verdict is not None and verdict.split and len(items) > 1:
+            warn.warning(
+                f"{self.sink.name}:refused-whole:{response.status}",
+                "%s: the server refused a batch of %d items as a whole (HTTP %d) without naming a line: "
+                "sending it in halves to find the refused lines: %s",
+                self.sink.name,
+                batch.count,
+                response.status,
+                message,
+            )
+            self._split(batch, items, throttled=0)
+            return True
         warn.warning(
             f"{self.sink.name}:rejected:{response.status}",
             "%s: server rejected a batch of %d items (HTTP %d, not retried): %s",
@@ -478,15 +639,8 @@ class Channel:
             response.status,
             message,
         )
-        verdict = None
-        items = self._items_of(batch)
-        if items:
-            try:
-                verdict = self.sink.on_rejected(items, response)
-            except Exception:
-                warn.warning(f"{self.sink.name}:on_rejected", "%s: on_rejected failed", self.sink.name, exc_info=True)
         self._pop_oldest()
-        if verdict is None:
+        if verdict is None or verdict.split:
             self._drop("rejected", batch.count)
             return True
         if verdict.stored:
@@ -501,6 +655,14 @@ class Channel:
             resend = list(verdict.resend)
             self._seal(_Batch(resend, sum(i[1] for i in resend), batch.created), append=False)
         return True
+
+    def _split(self, batch: _Batch, items: Sequence[Item], throttled: int) -> None:
+        """Replace the oldest batch by its two halves, the first half first in line."""
+        self._pop_oldest()
+        half = len(items) // 2
+        for part in (items[half:], items[:half]):
+            piece = _Batch(list(part), sum(i[1] for i in part), batch.created, throttled=throttled)
+            self._seal(piece, append=False)
 
     def _stored_despite_throttle(self, batch: _Batch, response: Response) -> bool:
         """A 429 after which the server kept part of the batch (the sink's `on_throttled` says which).
@@ -551,11 +713,7 @@ class Channel:
         # The items are needed (rebuilt from the body for a sink that keeps only that) only to split.
         items = self._items_of(batch) if batch.count > 1 and batch.throttled >= SPLIT_AFTER_429S else []
         if items:
-            self._pop_oldest()
-            half = batch.count // 2
-            for part in (items[half:], items[:half]):  # the first half ends up first
-                piece = _Batch(list(part), sum(i[1] for i in part), batch.created, throttled=batch.throttled - 1)
-                self._seal(piece, append=False)
+            self._split(batch, items, throttled=batch.throttled - 1)
             self.retries += 1
             self._next_attempt = time.monotonic() + backoff_delay(
                 1, self.settings.retry_base, self.settings.retry_cap, self._rng
@@ -589,14 +747,27 @@ class Channel:
             return False, None  # no rate to go by, or an item that may never fit: plain backoff
         return False, batch.nbytes / limit
 
-    def _schedule_retry(self, response: Response | None, error: str | None, refill: float | None = None) -> None:
-        """Schedule the next attempt: Retry-After when given, else the time a stated rate limit needs, else backoff."""
+    def _schedule_retry(
+        self, response: Response | None, error: str | None, refill: float | None = None, unreachable: bool = False
+    ) -> None:
+        """Schedule the next attempt: Retry-After when given, else the time a stated rate limit needs, else backoff.
+
+        A server that is `unreachable` (the connection was refused, or the edge
+        answered 502 for it) is tried again within `UNREACHABLE_RETRY_CAP`: a refused
+        connection costs it nothing, and delivery resumes within about a second of
+        its return, before an outage's backlog outgrows the buffer. Such attempts do
+        not lengthen the full-jitter backoff that errors of a running server (5xx,
+        429, timeouts) get.
+        """
         s = self.settings
-        self._attempt += 1
         self.retries += 1
-        if refill is not None:  # no Retry-After on Loki's 429, but a rate: wait about what it takes, jittered
+        if unreachable:
+            delay = self._rng.uniform(0.0, min(s.retry_cap, UNREACHABLE_RETRY_CAP))
+        elif refill is not None:  # no Retry-After on Loki's 429, but a rate: wait about what it takes, jittered
+            self._attempt += 1
             delay = min(s.retry_cap, max(0.01, refill)) * (1.0 + 0.25 * self._rng.random())
         else:
+            self._attempt += 1
             delay = backoff_delay(self._attempt, s.retry_base, s.retry_cap, self._rng)
         if response is not None:
             error = f"HTTP {response.status}: {response.body[:200].decode('utf-8', 'replace').strip()}"
@@ -647,27 +818,44 @@ class Channel:
 
     @lifecycle.engine_call
     def close(self, timeout: float = 5.0) -> int:
-        """Flush within `timeout`, then stop; what is left is counted as dropped (`shutdown`)."""
+        """Flush within `timeout`, then stop; return how many items were not confirmed delivered.
+
+        What is left is counted `shutdown`, except the batch whose request is
+        unanswered at the deadline (in flight, or timed out): the server may have
+        stored it, so it is counted `unconfirmed`, never lost nor sent. If its answer
+        still comes, a delivery is counted `sent`.
+        """
         if self._closed:
             return 0
-        left = self.flush(timeout)
+        self.flush(timeout)
         with self._lock:
             self._closed = True
-            self._drop("shutdown", self.pending())
+            pinned = self._pinned()
+            unconfirmed = 0
+            if pinned is not None:
+                self._pop_oldest()
+                unconfirmed = pinned.count
+                self.unconfirmed += unconfirmed
+                self._unconfirmed_batch = pinned if pinned is self._in_flight else None
+            lost = self.pending()
+            self._drop("shutdown", lost)
+            self._cleared += len(self._intake)
             self._intake.clear()
             self._partials = {}
             self._backlog.clear()
             self._backlog_items = self._backlog_bytes = 0
         self._engine.unregister(self)
-        if left:
+        if lost or unconfirmed:
             warn.warning(
                 f"{self.sink.name}:close",
-                "%s: closed with %d items undelivered (%s)",
+                "%s: closed with %d items undelivered (counted shutdown) and %d unconfirmed "
+                "(sent without an answer by the deadline: the server may have stored them) (%s)",
                 self.sink.name,
-                left,
+                lost,
+                unconfirmed,
                 self.last_error or "deadline reached",
             )
-        return left
+        return lost + unconfirmed
 
     @property
     def closed(self) -> bool:
@@ -675,7 +863,15 @@ class Channel:
 
     @lifecycle.engine_call
     def stats(self) -> dict[str, Any]:
-        """A snapshot of the counters (see the `telemetry_client` measurement in the catalog)."""
+        """A snapshot of the counters (see the `telemetry_client` measurement in the catalog).
+
+        They add up at every moment, and after `close()`:
+        `queued == sent + pending + unconfirmed + dropped - dropped_values`.
+        `queued` counts every record given (sampled out, or after close, included) and
+        the items the encoder adds (system and GPU points); `dropped_values` the parts
+        of items (field values) that `dropped_by_reason` counts though their item was
+        sent on; `in_flight` the items of `pending` whose request is unanswered.
+        """
         with self._lock:
             dropped = dict(self.dropped)
             intake_drops = self._intake_drops.value
@@ -688,24 +884,28 @@ class Channel:
             if after_close:
                 dropped["shutdown"] = dropped.get("shutdown", 0) + after_close
             intake = len(self._intake)
+            pinned = self._pinned()
             stats = {
                 "sink": self.sink.name,
-                "queued": self.drained + intake + intake_drops,
+                "queued": self._produced + self._cleared + intake + intake_drops + sampled + after_close,
                 "sent": self.sent,
                 "batches": self.batches,
                 "retries": self.retries,
                 "bytes_sent": self.bytes_sent,
                 "pending": intake + self._partial_items() + self._backlog_items,
                 "pending_bytes": self._backlog_bytes + self._partial_bytes() + self._intake_bytes(),
+                "in_flight": pinned.count if pinned is not None else 0,
+                "unconfirmed": self.unconfirmed,
                 "dropped": sum(dropped.values()),
                 "dropped_by_reason": dropped,
+                "dropped_values": self.dropped_values,
                 "sent_by_key": dict(self.sent_by_key),
                 "last_error": self.last_error,
                 "last_error_time": self.last_error_time,
             }
-        extra = getattr(self.sink, "extra_stats", None)
-        if extra is not None:
-            stats.update(extra())
+            extra = getattr(self.sink, "extra_stats", None)
+            if extra is not None:
+                stats.update(extra())
         return stats
 
 
@@ -748,6 +948,16 @@ class Engine:
     def is_sender_thread(self) -> bool:
         return threading.current_thread() is self._thread
 
+    def encode_queued(self) -> bool:
+        """One chunk of every channel's waiting records, encoded and bounded; True when any channel had some."""
+        busy = False
+        for channel in self.channels:
+            try:
+                busy = channel.encode_chunk() or busy
+            except Exception:
+                warn.warning("engine", "telemetry sender: unexpected error", exc_info=True)
+        return busy
+
     def _run(self) -> None:
         while True:
             self.wake.clear()
@@ -766,8 +976,13 @@ class Engine:
 
     @lifecycle.engine_call
     def close_all(self, timeout: float) -> int:
-        """Close every channel within one overall deadline; return how many records were left."""
-        deadline = time.monotonic() + timeout
+        """Close every channel within one overall deadline; return how many records were not confirmed delivered.
+
+        Delivery stops a little before the deadline (`CLOSE_MARGIN`) so that closing
+        (counting what is left, the warning) is done by it too: a SIGTERM's drain is
+        cut at the deadline.
+        """
+        deadline = time.monotonic() + max(0.0, timeout - min(CLOSE_MARGIN, timeout / 10))
         channels = list(self.channels)
         for channel in channels:
             with channel._lock:
@@ -810,7 +1025,8 @@ def shutdown(timeout: float | None = None) -> int:
 
     For applications that end the process themselves (their own SIGTERM handler,
     `os._exit`): call it first. `timeout` defaults to TELEMETRY_EXIT_TIMEOUT (3 s).
-    Returns how many records were left undelivered (counted `shutdown`). Later
+    Returns how many records were not confirmed delivered: left undelivered
+    (counted `shutdown`), or in a request unanswered at the deadline (`unconfirmed`). Later
     `log()` calls are counted `shutdown` too. Never raises.
     """
     engine = _engine

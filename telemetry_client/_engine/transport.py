@@ -13,6 +13,7 @@ import http.client
 import select
 import socket
 import ssl
+import time
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,7 +23,15 @@ from telemetry_client._engine.settings import Timeouts
 
 
 class TransportError(Exception):
-    """The request did not get an HTTP answer: refused, reset, timed out, TLS failure."""
+    """The request did not get an HTTP answer: refused, reset, timed out, TLS failure.
+
+    `refused`: nothing listens on the server's port (the connection was refused), so
+    the server cannot have seen the request, and trying again costs it nothing.
+    """
+
+    def __init__(self, message: str, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 @dataclass(frozen=True)
@@ -33,7 +42,12 @@ class Response:
 
 
 class Answer(Protocol):
-    """A request sent: whether its answer has come, and the answer."""
+    """A request sent: whether its answer has come, and the answer.
+
+    Optional: `wait(timeout) -> bool`, which waits up to `timeout` seconds and says
+    whether `finish()` would now return at once (answered, or timed out). With it the
+    engine keeps encoding while a request hangs; without it `finish()` may block.
+    """
 
     def answered(self) -> bool: ...
 
@@ -74,23 +88,36 @@ class Pending:
         self._transport = transport
         self._connection = connection
         self._read_timeout = read_timeout
+        self._deadline = time.monotonic() + read_timeout  # the answer must start by then
 
     def answered(self) -> bool:
         """True once the server has started to answer (reading would not wait)."""
+        return self._readable(0.0)
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to `timeout` s for the answer; True once `finish()` would not wait (answered, or timed out)."""
+        remaining = self._deadline - time.monotonic()
+        return remaining <= 0 or self._readable(min(timeout, remaining)) or time.monotonic() >= self._deadline
+
+    def _readable(self, timeout: float) -> bool:
         sock = self._connection.sock
         if sock is None:
             return True
         if isinstance(sock, ssl.SSLSocket) and sock.pending():
             return True
         try:
-            return bool(select.select([sock], [], [], 0)[0])
+            return bool(select.select([sock], [], [], timeout)[0])
         except (OSError, ValueError):
             return True
 
     def finish(self) -> Response:
+        """The answer. Its first byte must come within the read timeout of the request's start, as a whole."""
         try:
             if self._connection.sock is not None:
-                self._connection.sock.settimeout(self._read_timeout)
+                started = self.answered()
+                self._connection.sock.settimeout(
+                    self._read_timeout if started else max(0.001, self._deadline - time.monotonic())
+                )
             response = self._connection.getresponse()
             body = response.read()
             if response.will_close:
@@ -187,7 +214,7 @@ class HttpTransport:
             except (OSError, http.client.HTTPException) as exc:
                 self.disconnect()
                 if not (reused and attempt == 1):  # a kept-alive socket the server closed: one fresh try
-                    raise TransportError(_describe(exc)) from exc
+                    raise TransportError(_describe(exc), refused=isinstance(exc, ConnectionRefusedError)) from exc
         raise AssertionError("unreachable")
 
     def post(self, body: bytes, timeout_cap: float | None = None) -> Response:

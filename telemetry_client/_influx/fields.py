@@ -158,6 +158,7 @@ class FieldEncoder:
                 total = sum(values)
                 if total - total == 0.0:  # every value finite
                     return (plan.template % values).replace(".0,", ",")[:-1]
+        drop = getattr(drop, "part", drop)  # a field value is a part of its point (see the engine's counters)
         parts = []
         for key, prefix in plan.entries:
             if prefix is None:

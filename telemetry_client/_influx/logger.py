@@ -334,7 +334,7 @@ class MetricsLogger:
         return self._channel.flush(timeout) if self._channel else 0
 
     def close(self, timeout: float = 5.0) -> int:
-        """Flush within `timeout` s and stop; what is left is counted as dropped (`shutdown`)."""
+        """Flush within `timeout` s and stop; what is left is `shutdown` (an unanswered request: `unconfirmed`)."""
         return self._channel.close(timeout) if self._channel else 0
 
     def __enter__(self) -> MetricsLogger:

@@ -18,6 +18,22 @@ only match the server if the answer is read. The shapes, by server:
     `"unable to parse '%s': %v"` per line joined by newlines); the handler wrote
     the others and wraps the parse error in a PartialWriteError with Dropped 0.
   - `unable to parse '<line>': <why>` (no prefix): no line parsed, nothing stored.
+  - `field type conflict` (no prefix, nothing else): a field that is new in the
+    shard gets two types in the batch (a float and a string). `Shard.WritePoints`
+    (tsdb/shard.go, v1.6.7) checks each point against the fields the shard already
+    has, then creates the new ones in batch order (`createFieldsAndMeasurements`);
+    `MeasurementFields.CreateFieldIfNotExists` returns `ErrFieldTypeConflict` at the
+    second type, and the shard writes **none** of the batch's points. The points
+    writer (coordinator/points_writer.go, `writeToShard`) then writes the batch to
+    that shard once more, where the field now exists with its first type, so the
+    usual `partial write: ... dropped=N` comes back, except when the first write
+    created the shard (`ErrShardNotFound`: created, written once): then the bare
+    error reaches the handler, which answers 400 because `IsClientError` (errors.go)
+    matches its prefix. So the first batch of every new shard group can be refused
+    whole for one bad value. No line is named: the batch is sent again in halves
+    (`Verdict.split`) until the answers name the refused lines. Points of the batch
+    in other shards were stored (each shard is written on its own); sending them
+    again overwrites them with the same values.
   - When a batch has both a line that does not parse and a point the shard drops,
     1.x reports only the shard's `dropped=N` (the handler checks the write error
     first): the unparsed lines are counted sent. The encoder never writes a line
@@ -62,6 +78,7 @@ _UNABLE = "unable to parse '"
 _LINE_NUMBER = re.compile(r"error parsing line (\d+) \(1-based\)")
 _V3_PARTIAL = "partial write of line protocol occurred"
 _V3_ATOMIC = ("parsing failed for write_lp endpoint", "line protocol parsing error")
+_WHOLE_FIELD_CONFLICT = "field type conflict"  # influxdb.ErrFieldTypeConflict, errors.go
 
 
 @dataclass(frozen=True)
@@ -71,7 +88,8 @@ class Refusal:
     `others_stored`: the lines not refused were stored (else nothing was, and they
     should be sent again). Refused lines are given by text (`lines`), by 1-based
     number (`line_numbers`) or only counted (`dropped`, with the `measurement` a
-    field type conflict names).
+    field type conflict names). `whole`: the batch was refused as a whole because of
+    some of its lines, none named (they must be found by sending it in parts).
     """
 
     others_stored: bool
@@ -79,6 +97,7 @@ class Refusal:
     line_numbers: tuple[int, ...] = ()
     dropped: int = 0
     measurement: str | None = None
+    whole: bool = False
 
 
 def _message(body: bytes) -> tuple[str, object]:
@@ -141,4 +160,6 @@ def read_refusal(body: bytes) -> Refusal | None:
         )
     if lines:
         return Refusal(others_stored=False, lines=lines)
+    if message.startswith(_WHOLE_FIELD_CONFLICT):
+        return Refusal(others_stored=False, whole=True)
     return None

@@ -217,11 +217,15 @@ class InfluxSink:
 
         See `rejections` for the answers of each InfluxDB version. None (all
         counted `rejected`) when the answer names no line: a refusal of the whole
-        request such as a missing database or a bad token.
+        request such as a missing database or a bad token. A refusal of the whole
+        batch for what some lines hold (a field type conflict in a new shard) asks
+        for the batch to be split until the lines are named.
         """
         refusal = read_refusal(response.body)
         if refusal is None:
             return None
+        if refusal.whole:
+            return Verdict(split=True)
         refused = _refused_indexes(items, refusal)
         if refused is None:
             return None

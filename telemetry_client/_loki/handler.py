@@ -263,7 +263,7 @@ class LokiHandler(logging.Handler):
         return self._channel.flush(self.close_timeout if timeout is None else timeout)
 
     def close(self, timeout: float | None = None) -> int:
-        """Deliver what is buffered within `timeout` s, then stop; return how many records were left undelivered."""
+        """Deliver what is buffered within `timeout` s, then stop; return how many were not confirmed delivered."""
         left = 0
         if not self._closed:
             self._closed = True
