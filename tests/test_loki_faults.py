@@ -298,7 +298,7 @@ def test_a_batch_larger_than_the_tenant_burst_is_split_until_it_fits(handlers):
         stats = exact(receiver, handler, 2000)
         assert stats["sent"] == 2000
         first = receiver.requests[0]
-        assert first.status == 429 and first.message.startswith("Ingestion rate limit exceeded for user fake")
+        assert first.status == 429 and first.message.startswith("ingestion rate limit exceeded for user fake")
 
 
 def test_an_entry_larger_than_the_burst_is_dropped_and_the_limit_named(handlers, caplog):
