@@ -439,7 +439,11 @@ def test_molecule_docker_scenario(role):
 # - GET /api/v2/authorizations lists every token with "token": "" (the same
 #   newAuthResponse copies the stored, cleared Token field);
 # - DELETE /api/v2/authorizations/{id} answers 204, or 404 "authorization not
-#   found" (http_server.go handleDeleteAuthorization, authorization/error.go).
+#   found" (http_server.go handleDeleteAuthorization, authorization/error.go);
+# - PATCH /api/v2/authorizations/{id} changes the status and the description
+#   only, the token's value stays, and answers 200 with the token as the list
+#   shows it, or 404 (http_server.go handleUpdateAuthorization: "updates the
+#   authorization's status and desc").
 
 
 def _sha512(token: str) -> str:
@@ -579,12 +583,20 @@ class FakeInfluxDB:
             self.auths.append(auth)
             self.issued[auth["id"]] = token  # what the caller got: for the test's assertions only
             return 201, self._public(auth, token=token)
-        if path.startswith("/api/v2/authorizations/") and method == "DELETE":
+        if path.startswith("/api/v2/authorizations/") and method in ("DELETE", "PATCH"):
             auth = next((a for a in self.auths if a["id"] == path.rsplit("/", 1)[-1]), None)
             if auth is None:
                 return 404, {"code": "not found", "message": "authorization not found"}
-            self.auths.remove(auth)
-            return 204, None
+            if method == "DELETE":
+                self.auths.remove(auth)
+                return 204, None
+            if not isinstance(body.get("description", ""), str) or body.get("status", "active") not in (
+                "active",
+                "inactive",
+            ):
+                return 400, {"code": "invalid", "message": "bad authorization update"}
+            auth.update({key: body[key] for key in ("description", "status") if key in body})
+            return 200, self._public(auth, token="")
         # Tasks (InfluxDB OSS 2 API, tag Tasks: GET /api/v2/tasks filters by orgID and
         # name; POST takes orgID and flux and reads name and every from the script's
         # `option task`, 400 without it; PATCH /api/v2/tasks/{taskID} replaces flux).
@@ -862,6 +874,72 @@ def test_influxdb_node_removed_from_the_list_is_revoked(fake_influxdb, tmp_path)
     assert not (tmp_path / "influxdb" / "secrets" / "node-write.token").exists()
     # The operator's own token (from the setup) is not the role's to delete.
     assert any(a["description"].endswith("'s Token") for a in fake.auths)
+
+
+RETIRING_WRITE = "telemetry node {} (retiring): write telemetry"
+
+
+@pytest.mark.timeout(900)
+def test_influxdb_rotated_token_works_beside_the_new_one_until_it_retires(fake_influxdb, tmp_path):
+    fake = fake_influxdb
+    _assert_ok(_run_influxdb_setup(fake, tmp_path))
+    nodes_dir = tmp_path / "influxdb" / "secrets" / "nodes"
+    previous = _auth(fake, NODE_WRITE.format("miner-01"))
+    validator = _auth(fake, NODE_WRITE.format("validator-01"))
+    previous_value = (nodes_dir / "miner-01.token").read_text()
+
+    # make node-rotate moved the node's file aside (ansible/nodes.yml) and dated its retirement.
+    assert (nodes_dir / "retiring").stat().st_mode & 0o777 == 0o700  # the role made it
+    (nodes_dir / "miner-01.token").rename(nodes_dir / "retiring" / "miner-01.token")
+    rotating = {"influxdb_retire_after": {"miner-01": "2999-12-31"}}
+    _assert_ok(_run_influxdb_setup(fake, tmp_path, **rotating))
+    new = _auth(fake, NODE_WRITE.format("miner-01"))
+    # The previous token is renamed, not deleted: its value, in the moved file, still writes.
+    assert _mutations(fake) == [
+        ("PATCH", f"/api/v2/authorizations/{previous['id']}"),
+        ("POST", "/api/v2/authorizations"),
+    ]
+    assert _auth(fake, RETIRING_WRITE.format("miner-01")) is previous and previous["status"] == "active"
+    assert (nodes_dir / "retiring" / "miner-01.token").read_text() == previous_value == fake.issued[previous["id"]]
+    assert (nodes_dir / "miner-01.token").read_text() == fake.issued[new["id"]] != previous_value
+    assert new["permissions"] == previous["permissions"]
+    assert _auth(fake, NODE_WRITE.format("validator-01")) is validator
+
+    # While the date has not passed, a run changes nothing, nor does --check.
+    again = _run_influxdb_setup(fake, tmp_path, **rotating)
+    _assert_ok(again)
+    assert _recap_changed(again.stdout) == {"localhost": 0} and not _mutations(fake), again.stdout[-OUTPUT_TAIL:]
+    checked = _run_influxdb_setup(fake, tmp_path, "--check", **rotating)
+    _assert_ok(checked)
+    assert _recap_changed(checked.stdout) == {"localhost": 0} and not _mutations(fake), checked.stdout[-OUTPUT_TAIL:]
+
+    # The first run after the date deletes the previous token and its file; the new one stays.
+    _assert_ok(_run_influxdb_setup(fake, tmp_path, influxdb_retire_after={"miner-01": "2000-01-01"}))
+    assert _mutations(fake) == [("DELETE", f"/api/v2/authorizations/{previous['id']}")]
+    assert not (nodes_dir / "retiring" / "miner-01.token").exists()
+    assert _auth(fake, NODE_WRITE.format("miner-01")) is new
+
+    # Rotated again, its earlier retiring file replaced by a later rotation whose run never came:
+    # the token that file held is deleted, the one now in it renamed.
+    (nodes_dir / "miner-01.token").rename(nodes_dir / "retiring" / "miner-01.token")
+    _assert_ok(_run_influxdb_setup(fake, tmp_path, **rotating))
+    (nodes_dir / "miner-01.token").rename(nodes_dir / "retiring" / "miner-01.token")
+    stale = _auth(fake, RETIRING_WRITE.format("miner-01"))
+    middle = _auth(fake, NODE_WRITE.format("miner-01"))
+    _assert_ok(_run_influxdb_setup(fake, tmp_path, **rotating))
+    assert _mutations(fake) == [
+        ("DELETE", f"/api/v2/authorizations/{stale['id']}"),
+        ("PATCH", f"/api/v2/authorizations/{middle['id']}"),
+        ("POST", "/api/v2/authorizations"),
+    ]
+    assert (nodes_dir / "retiring" / "miner-01.token").read_text() == fake.issued[middle["id"]]
+
+    # Revoked while being rotated: both of its tokens and files go.
+    _assert_ok(_run_influxdb_setup(fake, tmp_path, influxdb_nodes=["validator-01"], **rotating))
+    assert not {NODE_WRITE.format("miner-01"), RETIRING_WRITE.format("miner-01")} & {
+        a["description"] for a in fake.auths
+    }
+    assert sorted(p.name for p in nodes_dir.rglob("*.token")) == ["validator-01.token"]
 
 
 def test_influxdb_api_setup_fails_on_a_wrong_admin_token(fake_influxdb, tmp_path):
