@@ -20,6 +20,7 @@ and only the collections bundled with the ansible package are used.
 from __future__ import annotations
 
 import base64
+import datetime
 import hashlib
 import http.client
 import http.server
@@ -213,6 +214,10 @@ def test_site_renders_and_is_idempotent(name, tmp_path, test_secrets):
     first = _run(cmd)
     _assert_ok(first)
     assert any(_recap_changed(first.stdout).values()), first.stdout[-OUTPUT_TAIL:]
+    # InfluxDB, the default backend, takes writes from a node that is not the operator's own.
+    warnings = [line for line in first.stdout.splitlines() if "WARNING: metrics_backend is influxdb" in line]
+    assert len(warnings) == (1 if name == "prod" else 0), warnings
+    assert all("example-miner-01." in line and "metrics_backend: victoriametrics" in line for line in warnings)
     second = _run(cmd)
     _assert_ok(second)
     changed = _recap_changed(second.stdout)
@@ -950,6 +955,49 @@ def test_influxdb_api_setup_fails_on_a_wrong_admin_token(fake_influxdb, tmp_path
     assert "Look up the organisation" in result.stdout
 
 
+def _run_influxdb_preflight(tmp_path: Path, **variables) -> subprocess.CompletedProcess:
+    """The influxdb role's preflight (site.yml's first play includes it with metrics_backend influxdb)."""
+    playbook = tmp_path / "preflight.yml"
+    playbook.write_text(
+        "- name: InfluxDB preflight\n  hosts: localhost\n  gather_facts: false\n  tasks:\n"
+        "    - name: Run the influxdb role's preflight\n      ansible.builtin.include_role:\n"
+        "        name: influxdb\n        tasks_from: preflight.yml\n"
+    )
+    extra_vars = tmp_path / "preflight-vars.json"
+    extra_vars.write_text(
+        json.dumps(
+            {
+                "influxdb_admin_password": "stand-in-" + secrets.token_hex(8),
+                "influxdb_admin_token": secrets.token_urlsafe(48),
+                "telemetry_nodes": ["miner-01", "miner-02", "validator-01"],
+                **variables,
+            }
+        )
+    )
+    extra_vars.chmod(0o600)
+    return _run(["ansible-playbook", "-i", "localhost,", "-c", "local", "-e", f"@{extra_vars}", str(playbook)])
+
+
+WARNING = "WARNING: metrics_backend is influxdb"
+
+
+def test_influxdb_preflight_warns_about_nodes_that_are_not_the_operators_own(tmp_path):
+    result = _run_influxdb_preflight(tmp_path, telemetry_operator_nodes=["validator-01"])
+    _assert_ok(result)
+    [warning] = [line for line in result.stdout.splitlines() if WARNING in line]
+    assert "2 of its 3 nodes are not the operator's own" in warning
+    assert "miner-01, miner-02." in warning and "validator-01" not in warning
+    assert "Set metrics_backend: victoriametrics" in warning
+    # No list: no node is the operator's own.
+    assert "3 of its 3 nodes" in _run_influxdb_preflight(tmp_path).stdout
+    # All of them the operator's own: nothing to warn about.
+    own = _run_influxdb_preflight(tmp_path, telemetry_operator_nodes=["miner-01", "miner-02", "validator-01"])
+    _assert_ok(own)
+    assert WARNING not in own.stdout
+    refused = _run_influxdb_preflight(tmp_path, telemetry_operator_nodes="miner-01")
+    assert refused.returncode != 0 and "telemetry_operator_nodes must be a list" in refused.stdout
+
+
 # --- the reverse proxy's Caddyfile, run by a real Caddy ------------------------------
 #
 # Debian's caddy (2.6) runs the Caddyfile that the reverse_proxy role renders,
@@ -1237,13 +1285,45 @@ def test_node_tooling_adds_rotates_writes_credentials_and_revokes(tmp_path):
         "LOKI_PASSWORD": password.read_text(),
     }
 
-    # Rotate: the node's files go; the next site.yml run makes new ones.
-    _assert_ok(_nodes_play(inventory, "miner-07", "rotate", *local))
+    # Rotate: the node's files move aside, where the next site.yml run keeps them working beside
+    # the new ones it makes, until the date written into the inventory.
+    identities = yaml.safe_load(nodes_file.read_text())["telemetry_node_identities"]
+    values = {path: path.read_text() for path in (token, password)}
+    _assert_ok(_nodes_play(inventory, "miner-07", "rotate", *local, "-e", "node_retire_after=2999-12-31"))
     assert not token.exists() and not password.exists()
+    for path, value in values.items():
+        moved = path.parent / "retiring" / path.name
+        assert moved.read_text() == value
+        assert moved.parent.stat().st_mode & 0o777 == 0o700
+    settings = yaml.safe_load(nodes_file.read_text())
+    assert settings["telemetry_node_retire_after"] == {"miner-07": "2999-12-31"}
+    assert settings["telemetry_node_identities"] == identities
     assert listed() == ["miner-07", *before]
+    # Not again until that is done: the files in retiring/ are the ones the node may still use.
+    again = _nodes_play(inventory, "miner-07", "rotate", *local)
+    assert again.returncode != 0 and "miner-07 is being rotated" in again.stdout, again.stdout[-OUTPUT_TAIL:]
+    assert all((path.parent / "retiring" / path.name).read_text() == value for path, value in values.items())
+    # The default date is telemetry_rotation_grace_days (14) ahead.
+    _assert_ok(_nodes_play(inventory, "miner-01", "add"))
+    for wrong in ("2000-01-01", "soon"):
+        refused = _nodes_play(inventory, "miner-01", "rotate", *local, "-e", f"node_retire_after={wrong}")
+        assert refused.returncode != 0 and "must be a date, YYYY-MM-DD, today" in refused.stdout, wrong
+    days_ahead = [(datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=14)).strftime("%Y-%m-%d")]
+    _assert_ok(_nodes_play(inventory, "miner-01", "rotate", *local))
+    days_ahead.append((datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=14)).strftime("%Y-%m-%d"))
+    dates = yaml.safe_load(nodes_file.read_text())["telemetry_node_retire_after"]
+    assert dates.pop("miner-01") in days_ahead and dates == {"miner-07": "2999-12-31"}
+    grace = yaml.safe_load(nodes_file.read_text())["telemetry_node_retire_after"]["miner-01"]
+
+    # Retire: the previous files go, and the date; the next site.yml run stops them.
+    _assert_ok(_nodes_play(inventory, "miner-07", "retire", *local))
+    assert not any((path.parent / "retiring" / path.name).exists() for path in values)
+    assert yaml.safe_load(nodes_file.read_text())["telemetry_node_retire_after"] == {"miner-01": grace}
 
     _assert_ok(_nodes_play(inventory, "miner-07", "revoke"))
+    _assert_ok(_nodes_play(inventory, "miner-01", "revoke"))
     assert listed() == before
+    assert yaml.safe_load(nodes_file.read_text())["telemetry_node_retire_after"] is None
     refused = _nodes_play(inventory, "Miner 07", "add")
     assert refused.returncode != 0 and "Give NODE=<name>" in refused.stdout
     assert listed() == before
