@@ -875,7 +875,7 @@ def test_influxdb_node_removed_from_the_list_is_revoked(fake_influxdb, tmp_path)
     assert not [c for c in fake.calls if c[0] == "POST"], fake.calls
     assert _auth(fake, NODE_WRITE.format("validator-01")) is validator
     nodes_dir = tmp_path / "influxdb" / "secrets" / "nodes"
-    assert sorted(p.name for p in nodes_dir.iterdir()) == ["validator-01.token"]
+    assert sorted(p.name for p in nodes_dir.glob("*.token")) == ["validator-01.token"]
     assert not (tmp_path / "influxdb" / "secrets" / "node-write.token").exists()
     # The operator's own token (from the setup) is not the role's to delete.
     assert any(a["description"].endswith("'s Token") for a in fake.auths)
