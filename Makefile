@@ -1,4 +1,4 @@
-.PHONY: setup check test lint bench simulate doctor up down logs ps clean backup restore node-add node-revoke node-rotate node-credentials
+.PHONY: setup check test lint bench simulate doctor up down logs ps clean backup restore node-add node-revoke node-rotate node-retire node-credentials
 
 PYTHON ?= python3
 
@@ -104,12 +104,16 @@ clean:
 
 # One node's credentials in production (docs/deployment.md, "Nodes"): its own
 # InfluxDB write token and Loki push login, listed in
-# $(INVENTORY)/group_vars/all/nodes.yml. Each target changes the list or
-# forgets the node's credentials, deploys (site.yml), and writes the node's env
-# file on this machine (~/.config/telemetry/nodes/<name>.env, mode 0600).
+# $(INVENTORY)/group_vars/all/nodes.yml. Each target changes the list or the
+# node's credentials, deploys (site.yml), and writes the node's env file on this
+# machine (~/.config/telemetry/nodes/<name>.env, mode 0600) where it changed.
+# node-rotate issues new credentials beside the previous ones, which keep working
+# until node-retire or the end of a date (default: in telemetry_rotation_grace_days;
+# RETIRE_AFTER=YYYY-MM-DD, UTC, to choose it).
 #   make node-add NODE=miner-07   [INVENTORY=inventory/prod] [ANSIBLE_ARGS=--ask-vault-pass]
 INVENTORY ?= inventory/prod
 ANSIBLE_ARGS ?= --ask-vault-pass
+RETIRE_AFTER ?=
 NODE_PLAY = ansible-playbook -i $(INVENTORY) ansible/nodes.yml $(ANSIBLE_ARGS) -e node=$(NODE)
 DEPLOY = ansible-playbook -i $(INVENTORY) site.yml $(ANSIBLE_ARGS)
 
@@ -119,9 +123,13 @@ node-add:
 	$(NODE_PLAY) -e node_action=credentials
 
 node-rotate:
-	$(NODE_PLAY) -e node_action=rotate
+	$(NODE_PLAY) -e node_action=rotate $(if $(RETIRE_AFTER),-e node_retire_after=$(RETIRE_AFTER))
 	$(DEPLOY)
 	$(NODE_PLAY) -e node_action=credentials
+
+node-retire:
+	$(NODE_PLAY) -e node_action=retire
+	$(DEPLOY)
 
 node-revoke:
 	$(NODE_PLAY) -e node_action=revoke

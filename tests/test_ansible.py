@@ -20,6 +20,7 @@ and only the collections bundled with the ansible package are used.
 from __future__ import annotations
 
 import base64
+import datetime
 import hashlib
 import http.client
 import http.server
@@ -215,6 +216,10 @@ def test_site_renders_and_is_idempotent(name, tmp_path, test_secrets):
     first = _run(cmd)
     _assert_ok(first)
     assert any(_recap_changed(first.stdout).values()), first.stdout[-OUTPUT_TAIL:]
+    # InfluxDB, the default backend, takes writes from a node that is not the operator's own.
+    warnings = [line for line in first.stdout.splitlines() if "WARNING: metrics_backend is influxdb" in line]
+    assert len(warnings) == (1 if name == "prod" else 0), warnings
+    assert all("example-miner-01." in line and "metrics_backend: victoriametrics" in line for line in warnings)
     second = _run(cmd)
     _assert_ok(second)
     changed = _recap_changed(second.stdout)
@@ -449,7 +454,11 @@ def test_molecule_docker_scenario(role):
 # - GET /api/v2/authorizations lists every token with "token": "" (the same
 #   newAuthResponse copies the stored, cleared Token field);
 # - DELETE /api/v2/authorizations/{id} answers 204, or 404 "authorization not
-#   found" (http_server.go handleDeleteAuthorization, authorization/error.go).
+#   found" (http_server.go handleDeleteAuthorization, authorization/error.go);
+# - PATCH /api/v2/authorizations/{id} changes the status and the description
+#   only, the token's value stays, and answers 200 with the token as the list
+#   shows it, or 404 (http_server.go handleUpdateAuthorization: "updates the
+#   authorization's status and desc").
 
 
 def _sha512(token: str) -> str:
@@ -589,12 +598,20 @@ class FakeInfluxDB:
             self.auths.append(auth)
             self.issued[auth["id"]] = token  # what the caller got: for the test's assertions only
             return 201, self._public(auth, token=token)
-        if path.startswith("/api/v2/authorizations/") and method == "DELETE":
+        if path.startswith("/api/v2/authorizations/") and method in ("DELETE", "PATCH"):
             auth = next((a for a in self.auths if a["id"] == path.rsplit("/", 1)[-1]), None)
             if auth is None:
                 return 404, {"code": "not found", "message": "authorization not found"}
-            self.auths.remove(auth)
-            return 204, None
+            if method == "DELETE":
+                self.auths.remove(auth)
+                return 204, None
+            if not isinstance(body.get("description", ""), str) or body.get("status", "active") not in (
+                "active",
+                "inactive",
+            ):
+                return 400, {"code": "invalid", "message": "bad authorization update"}
+            auth.update({key: body[key] for key in ("description", "status") if key in body})
+            return 200, self._public(auth, token="")
         # Tasks (InfluxDB OSS 2 API, tag Tasks: GET /api/v2/tasks filters by orgID and
         # name; POST takes orgID and flux and reads name and every from the script's
         # `option task`, 400 without it; PATCH /api/v2/tasks/{taskID} replaces flux).
@@ -868,10 +885,76 @@ def test_influxdb_node_removed_from_the_list_is_revoked(fake_influxdb, tmp_path)
     assert not [c for c in fake.calls if c[0] == "POST"], fake.calls
     assert _auth(fake, NODE_WRITE.format("validator-01")) is validator
     nodes_dir = tmp_path / "influxdb" / "secrets" / "nodes"
-    assert sorted(p.name for p in nodes_dir.iterdir()) == ["validator-01.token"]
+    assert sorted(p.name for p in nodes_dir.glob("*.token")) == ["validator-01.token"]
     assert not (tmp_path / "influxdb" / "secrets" / "node-write.token").exists()
     # The operator's own token (from the setup) is not the role's to delete.
     assert any(a["description"].endswith("'s Token") for a in fake.auths)
+
+
+RETIRING_WRITE = "telemetry node {} (retiring): write telemetry"
+
+
+@pytest.mark.timeout(900)
+def test_influxdb_rotated_token_works_beside_the_new_one_until_it_retires(fake_influxdb, tmp_path):
+    fake = fake_influxdb
+    _assert_ok(_run_influxdb_setup(fake, tmp_path))
+    nodes_dir = tmp_path / "influxdb" / "secrets" / "nodes"
+    previous = _auth(fake, NODE_WRITE.format("miner-01"))
+    validator = _auth(fake, NODE_WRITE.format("validator-01"))
+    previous_value = (nodes_dir / "miner-01.token").read_text()
+
+    # make node-rotate moved the node's file aside (ansible/nodes.yml) and dated its retirement.
+    assert (nodes_dir / "retiring").stat().st_mode & 0o777 == 0o700  # the role made it
+    (nodes_dir / "miner-01.token").rename(nodes_dir / "retiring" / "miner-01.token")
+    rotating = {"influxdb_retire_after": {"miner-01": "2999-12-31"}}
+    _assert_ok(_run_influxdb_setup(fake, tmp_path, **rotating))
+    new = _auth(fake, NODE_WRITE.format("miner-01"))
+    # The previous token is renamed, not deleted: its value, in the moved file, still writes.
+    assert _mutations(fake) == [
+        ("PATCH", f"/api/v2/authorizations/{previous['id']}"),
+        ("POST", "/api/v2/authorizations"),
+    ]
+    assert _auth(fake, RETIRING_WRITE.format("miner-01")) is previous and previous["status"] == "active"
+    assert (nodes_dir / "retiring" / "miner-01.token").read_text() == previous_value == fake.issued[previous["id"]]
+    assert (nodes_dir / "miner-01.token").read_text() == fake.issued[new["id"]] != previous_value
+    assert new["permissions"] == previous["permissions"]
+    assert _auth(fake, NODE_WRITE.format("validator-01")) is validator
+
+    # While the date has not passed, a run changes nothing, nor does --check.
+    again = _run_influxdb_setup(fake, tmp_path, **rotating)
+    _assert_ok(again)
+    assert _recap_changed(again.stdout) == {"localhost": 0} and not _mutations(fake), again.stdout[-OUTPUT_TAIL:]
+    checked = _run_influxdb_setup(fake, tmp_path, "--check", **rotating)
+    _assert_ok(checked)
+    assert _recap_changed(checked.stdout) == {"localhost": 0} and not _mutations(fake), checked.stdout[-OUTPUT_TAIL:]
+
+    # The first run after the date deletes the previous token and its file; the new one stays.
+    _assert_ok(_run_influxdb_setup(fake, tmp_path, influxdb_retire_after={"miner-01": "2000-01-01"}))
+    assert _mutations(fake) == [("DELETE", f"/api/v2/authorizations/{previous['id']}")]
+    assert not (nodes_dir / "retiring" / "miner-01.token").exists()
+    assert _auth(fake, NODE_WRITE.format("miner-01")) is new
+
+    # Rotated again, its earlier retiring file replaced by a later rotation whose run never came:
+    # the token that file held is deleted, the one now in it renamed.
+    (nodes_dir / "miner-01.token").rename(nodes_dir / "retiring" / "miner-01.token")
+    _assert_ok(_run_influxdb_setup(fake, tmp_path, **rotating))
+    (nodes_dir / "miner-01.token").rename(nodes_dir / "retiring" / "miner-01.token")
+    stale = _auth(fake, RETIRING_WRITE.format("miner-01"))
+    middle = _auth(fake, NODE_WRITE.format("miner-01"))
+    _assert_ok(_run_influxdb_setup(fake, tmp_path, **rotating))
+    assert _mutations(fake) == [
+        ("DELETE", f"/api/v2/authorizations/{stale['id']}"),
+        ("PATCH", f"/api/v2/authorizations/{middle['id']}"),
+        ("POST", "/api/v2/authorizations"),
+    ]
+    assert (nodes_dir / "retiring" / "miner-01.token").read_text() == fake.issued[middle["id"]]
+
+    # Revoked while being rotated: both of its tokens and files go.
+    _assert_ok(_run_influxdb_setup(fake, tmp_path, influxdb_nodes=["validator-01"], **rotating))
+    assert not {NODE_WRITE.format("miner-01"), RETIRING_WRITE.format("miner-01")} & {
+        a["description"] for a in fake.auths
+    }
+    assert sorted(p.name for p in nodes_dir.rglob("*.token")) == ["validator-01.token"]
 
 
 def test_influxdb_api_setup_fails_on_a_wrong_admin_token(fake_influxdb, tmp_path):
@@ -880,6 +963,49 @@ def test_influxdb_api_setup_fails_on_a_wrong_admin_token(fake_influxdb, tmp_path
     result = _run_influxdb_setup(fake_influxdb, tmp_path)
     assert result.returncode != 0
     assert "Look up the organisation" in result.stdout
+
+
+def _run_influxdb_preflight(tmp_path: Path, **variables) -> subprocess.CompletedProcess:
+    """The influxdb role's preflight (site.yml's first play includes it with metrics_backend influxdb)."""
+    playbook = tmp_path / "preflight.yml"
+    playbook.write_text(
+        "- name: InfluxDB preflight\n  hosts: localhost\n  gather_facts: false\n  tasks:\n"
+        "    - name: Run the influxdb role's preflight\n      ansible.builtin.include_role:\n"
+        "        name: influxdb\n        tasks_from: preflight.yml\n"
+    )
+    extra_vars = tmp_path / "preflight-vars.json"
+    extra_vars.write_text(
+        json.dumps(
+            {
+                "influxdb_admin_password": "stand-in-" + secrets.token_hex(8),
+                "influxdb_admin_token": secrets.token_urlsafe(48),
+                "telemetry_nodes": ["miner-01", "miner-02", "validator-01"],
+                **variables,
+            }
+        )
+    )
+    extra_vars.chmod(0o600)
+    return _run(["ansible-playbook", "-i", "localhost,", "-c", "local", "-e", f"@{extra_vars}", str(playbook)])
+
+
+WARNING = "WARNING: metrics_backend is influxdb"
+
+
+def test_influxdb_preflight_warns_about_nodes_that_are_not_the_operators_own(tmp_path):
+    result = _run_influxdb_preflight(tmp_path, telemetry_operator_nodes=["validator-01"])
+    _assert_ok(result)
+    [warning] = [line for line in result.stdout.splitlines() if WARNING in line]
+    assert "2 of its 3 nodes are not the operator's own" in warning
+    assert "miner-01, miner-02." in warning and "validator-01" not in warning
+    assert "Set metrics_backend: victoriametrics" in warning
+    # No list: no node is the operator's own.
+    assert "3 of its 3 nodes" in _run_influxdb_preflight(tmp_path).stdout
+    # All of them the operator's own: nothing to warn about.
+    own = _run_influxdb_preflight(tmp_path, telemetry_operator_nodes=["miner-01", "miner-02", "validator-01"])
+    _assert_ok(own)
+    assert WARNING not in own.stdout
+    refused = _run_influxdb_preflight(tmp_path, telemetry_operator_nodes="miner-01")
+    assert refused.returncode != 0 and "telemetry_operator_nodes must be a list" in refused.stdout
 
 
 # --- the reverse proxy's Caddyfile, run by a real Caddy ------------------------------
@@ -1169,13 +1295,45 @@ def test_node_tooling_adds_rotates_writes_credentials_and_revokes(tmp_path):
         "LOKI_PASSWORD": password.read_text(),
     }
 
-    # Rotate: the node's files go; the next site.yml run makes new ones.
-    _assert_ok(_nodes_play(inventory, "miner-07", "rotate", *local))
+    # Rotate: the node's files move aside, where the next site.yml run keeps them working beside
+    # the new ones it makes, until the date written into the inventory.
+    identities = yaml.safe_load(nodes_file.read_text())["telemetry_node_identities"]
+    values = {path: path.read_text() for path in (token, password)}
+    _assert_ok(_nodes_play(inventory, "miner-07", "rotate", *local, "-e", "node_retire_after=2999-12-31"))
     assert not token.exists() and not password.exists()
+    for path, value in values.items():
+        moved = path.parent / "retiring" / path.name
+        assert moved.read_text() == value
+        assert moved.parent.stat().st_mode & 0o777 == 0o700
+    settings = yaml.safe_load(nodes_file.read_text())
+    assert settings["telemetry_node_retire_after"] == {"miner-07": "2999-12-31"}
+    assert settings["telemetry_node_identities"] == identities
     assert listed() == ["miner-07", *before]
+    # Not again until that is done: the files in retiring/ are the ones the node may still use.
+    again = _nodes_play(inventory, "miner-07", "rotate", *local)
+    assert again.returncode != 0 and "miner-07 is being rotated" in again.stdout, again.stdout[-OUTPUT_TAIL:]
+    assert all((path.parent / "retiring" / path.name).read_text() == value for path, value in values.items())
+    # The default date is telemetry_rotation_grace_days (14) ahead.
+    _assert_ok(_nodes_play(inventory, "miner-01", "add"))
+    for wrong in ("2000-01-01", "soon"):
+        refused = _nodes_play(inventory, "miner-01", "rotate", *local, "-e", f"node_retire_after={wrong}")
+        assert refused.returncode != 0 and "must be a date, YYYY-MM-DD, today" in refused.stdout, wrong
+    days_ahead = [(datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=14)).strftime("%Y-%m-%d")]
+    _assert_ok(_nodes_play(inventory, "miner-01", "rotate", *local))
+    days_ahead.append((datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=14)).strftime("%Y-%m-%d"))
+    dates = yaml.safe_load(nodes_file.read_text())["telemetry_node_retire_after"]
+    assert dates.pop("miner-01") in days_ahead and dates == {"miner-07": "2999-12-31"}
+    grace = yaml.safe_load(nodes_file.read_text())["telemetry_node_retire_after"]["miner-01"]
+
+    # Retire: the previous files go, and the date; the next site.yml run stops them.
+    _assert_ok(_nodes_play(inventory, "miner-07", "retire", *local))
+    assert not any((path.parent / "retiring" / path.name).exists() for path in values)
+    assert yaml.safe_load(nodes_file.read_text())["telemetry_node_retire_after"] == {"miner-01": grace}
 
     _assert_ok(_nodes_play(inventory, "miner-07", "revoke"))
+    _assert_ok(_nodes_play(inventory, "miner-01", "revoke"))
     assert listed() == before
+    assert yaml.safe_load(nodes_file.read_text())["telemetry_node_retire_after"] is None
     refused = _nodes_play(inventory, "Miner 07", "add")
     assert refused.returncode != 0 and "Give NODE=<name>" in refused.stdout
     assert listed() == before

@@ -704,7 +704,7 @@ def test_site_check_diff_with_victoriametrics_changes_nothing(tmp_path):
 
 
 @pytest.mark.timeout(900)
-def test_node_credentials_hand_out_the_metrics_token_and_rotate_forgets_it(tmp_path):
+def test_node_credentials_hand_out_the_metrics_token_and_rotate_moves_it_aside(tmp_path):
     """`make node-credentials` / `node-rotate` (ansible/nodes.yml) with the VictoriaMetrics backend."""
     inventory = tmp_path / "inventory" / "prod"
     shutil.copytree(REPO / "inventory" / "prod", inventory)
@@ -758,3 +758,7 @@ def test_node_credentials_hand_out_the_metrics_token_and_rotate_forgets_it(tmp_p
     _assert_ok(play("rotate"))
     assert not (nodes_dir / f"{node}.metrics-password").exists()
     assert not (nodes_dir / f"{node}.loki-password").exists()
+    # Aside, where the next deploy keeps them working beside the new ones (tests/test_rotation.py).
+    assert (nodes_dir / "retiring" / f"{node}.metrics-password").read_text() == password
+    assert (nodes_dir / "retiring" / f"{node}.loki-password").read_text() == push
+    assert not (root / "opt/telemetry/influxdb").exists()

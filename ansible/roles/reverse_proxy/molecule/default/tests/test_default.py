@@ -43,7 +43,7 @@ def test_private_files(host):
         assert secret.is_file, path
         assert secret.mode == 0o600, path
         assert secret.user == "root", path
-    for path in ("/conf", "/conf/certs", "/data", "/config", "/secrets", "/secrets/nodes"):
+    for path in ("/conf", "/conf/certs", "/data", "/config", "/secrets", "/secrets/nodes", "/secrets/nodes/retiring"):
         directory = host.file(DIR + path)
         assert directory.is_directory
         assert directory.mode == 0o700
