@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import gzip
 import http.client
+import socket
 import ssl
+import struct
 import threading
 import time
 import urllib.parse
@@ -24,12 +26,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 @dataclass
 class Reply:
-    """One scripted answer: an HTTP status, optional Retry-After, optional delay before answering."""
+    """One scripted answer: an HTTP status, optional Retry-After, optional delay before answering.
+
+    `reset`: read the request, then reset the connection without an answer, as a
+    server killed mid-request does (recorded as status 0).
+    """
 
     status: int = 204
     retry_after: str | None = None
     delay: float = 0.0
     body: bytes = b""
+    reset: bool = False
 
 
 @dataclass
@@ -88,6 +95,13 @@ def _handler(state: FaultServer) -> type[BaseHTTPRequestHandler]:
                 reply = state.script.popleft() if state.script else Reply()
             if reply.delay:
                 time.sleep(reply.delay)
+            if reply.reset:
+                with state.lock:
+                    state.requests.append(0)
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                self.close_connection = True
+                self.connection.close()
+                return
             status, answer = reply.status, reply.body
             if reply.status < 300 and state.upstream is not None:
                 status, answer = _forward(state.upstream, self.path, self.headers.get("Content-Encoding"), body)

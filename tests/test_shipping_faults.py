@@ -319,6 +319,22 @@ def test_the_edge_answering_502_for_a_store_that_is_down_is_tried_again_soon():
     assert_counters_add_up(stats)
 
 
+def test_a_connection_reset_mid_request_is_tried_again_soon_whatever_the_backoff():
+    """A server killed while it reads a request resets the connection: the next try is soon, as for a refusal."""
+    with fault_server() as server:
+        server.then(Reply(reset=True))
+        logger = _logger(server.url, **SLOW_BACKOFF)
+        for i in range(10):
+            logger.log("m", fields={"i": i})
+        assert logger.flush(15) == 0, "a full-jitter wait of up to 30 s would not deliver within 15 s"
+        stats = logger.stats()
+        logger.close(1)
+        assert server.requests == [0, 204]
+        assert sorted(_ids(server.lines)) == list(range(10))
+    assert (stats["sent"], stats["retries"], stats["dropped"]) == (10, 1, 0)
+    assert_counters_add_up(stats)
+
+
 def test_the_sender_keeps_encoding_while_a_request_hangs():
     """Records must not pile up raw behind a request the server does not answer (the bounds then drop the oldest)."""
     with fault_server() as server:
@@ -420,6 +436,9 @@ def test_an_outage_that_fits_the_buffer_loses_nothing_on_influxdb():
         logged = _log_paced(logger, 0, 2_000, rate=2_000)
         server.kill()
         logged = _log_paced(logger, logged, 4_000, rate=2_000)
+        deadline = time.monotonic() + 30  # a request in flight at the kill is reset; the next one is refused
+        while "refused" not in (logger.stats()["last_error"] or "") and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert logger.stats()["sent"] < logged and "refused" in logger.stats()["last_error"]
         server.start()  # returns once it answers
         logged = _log_paced(logger, logged, 10_000, rate=2_000)

@@ -510,7 +510,7 @@ class Channel:
         cap = None if deadline is None else deadline - time.monotonic()
         response: Response | None = None
         error = None
-        sent = refused = False
+        sent = refused = connection_lost = False
         try:
             pending = transport.start(body, timeout_cap=cap)
             sent = True
@@ -519,6 +519,7 @@ class Channel:
         except TransportError as exc:
             error = str(exc)
             refused = getattr(exc, "refused", False)
+            connection_lost = getattr(exc, "lost", False)
         except BaseException:  # a transport's bug: the engine logs it; the batch is no longer in flight
             with self._lock:
                 self._in_flight = None
@@ -544,7 +545,13 @@ class Channel:
                 handled, refill = self._throttled(batch, response)
                 if handled:
                     return False
-            unreachable = refused or (response is not None and response.status == BAD_GATEWAY)
+            # A connection lost after a success (self._attempt 0) is likely a server killed
+            # mid-request: the next try is soon, and is refused (soon again) if it is gone.
+            unreachable = (
+                refused
+                or (connection_lost and self._attempt == 0)
+                or (response is not None and response.status == BAD_GATEWAY)
+            )
             self._schedule_retry(response, error, refill, unreachable)
             return False
 
@@ -753,7 +760,8 @@ class Channel:
         """Schedule the next attempt: Retry-After when given, else the time a stated rate limit needs, else backoff.
 
         A server that is `unreachable` (the connection was refused, or the edge
-        answered 502 for it) is tried again within `UNREACHABLE_RETRY_CAP`: a refused
+        answered 502 for it, or a connection broke after a success) is tried again
+        within `UNREACHABLE_RETRY_CAP`: a refused
         connection costs it nothing, and delivery resumes within about a second of
         its return, before an outage's backlog outgrows the buffer. Such attempts do
         not lengthen the full-jitter backoff that errors of a running server (5xx,

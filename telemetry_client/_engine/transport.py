@@ -27,11 +27,14 @@ class TransportError(Exception):
 
     `refused`: nothing listens on the server's port (the connection was refused), so
     the server cannot have seen the request, and trying again costs it nothing.
+    `lost`: the connection broke before the answer (reset, closed), as when the
+    server is killed mid-request; the next attempt finds out whether it is gone.
     """
 
-    def __init__(self, message: str, refused: bool = False) -> None:
+    def __init__(self, message: str, refused: bool = False, lost: bool = False) -> None:
         super().__init__(message)
         self.refused = refused
+        self.lost = lost
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,7 @@ class Pending:
             return Response(response.status, body, response.getheader("Retry-After"))
         except (OSError, http.client.HTTPException) as exc:
             self._transport.disconnect()
-            raise TransportError(_describe(exc)) from exc
+            raise TransportError(_describe(exc), lost=isinstance(exc, ConnectionError)) from exc
 
 
 class HttpTransport:
@@ -214,7 +217,9 @@ class HttpTransport:
             except (OSError, http.client.HTTPException) as exc:
                 self.disconnect()
                 if not (reused and attempt == 1):  # a kept-alive socket the server closed: one fresh try
-                    raise TransportError(_describe(exc), refused=isinstance(exc, ConnectionRefusedError)) from exc
+                    refused = isinstance(exc, ConnectionRefusedError)
+                    lost = isinstance(exc, ConnectionError) and not refused
+                    raise TransportError(_describe(exc), refused=refused, lost=lost) from exc
         raise AssertionError("unreachable")
 
     def post(self, body: bytes, timeout_cap: float | None = None) -> Response:
