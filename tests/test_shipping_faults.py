@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import email.utils
+import threading
 import time
 
 import pytest
@@ -447,6 +448,59 @@ def test_an_outage_that_fits_the_buffer_loses_nothing_on_influxdb():
         logger.close(1)
         assert _stored_ids(server, "d") == list(range(logged))
     assert (stats["sent"], stats["dropped"]) == (logged, 0)
+    assert_counters_add_up(stats)
+
+
+@pytest.mark.slow
+def test_callers_that_never_pause_still_get_the_senders_share_delivered(influx_db):
+    """Threads logging without pause outrun the sender: their oldest records go, not the batches it encoded.
+
+    Dropping a batch the sender has encoded but not yet sent wastes its share of
+    the interpreter: with the intake full, every new batch would be the oldest
+    data and be dropped, and little would reach the server until the callers stop.
+    The callers spin until ten batches are delivered (or 60 s pass); most of what
+    the sender encoded must have been sent.
+    """
+    server, database = influx_db
+    logger = MetricsLogger(
+        url=server.url,
+        database=database,
+        api_version=1,
+        self_metrics_interval=None,
+        buffer=BufferSettings(max_items=20_000, batch_items=1_000),
+    )
+    fields = {f"f{k}": k * 1.5 for k in range(10)}  # a training step's worth: encoding costs more than queueing
+    stop = threading.Event()
+    logged = [0, 0]
+
+    def spin(thread: int) -> None:
+        count = 0
+        while not stop.is_set():
+            for _ in range(100):
+                logger.log("m", {"thread": str(thread)}, {"i": count, **fields}, timestamp=TS + thread * 10**12 + count)
+                count += 1
+        logged[thread] = count
+
+    threads = [threading.Thread(target=spin, args=(n,)) for n in range(2)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 60
+    while logger.stats()["sent"] < 10_000 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    spinning = logger.stats()
+    stop.set()
+    for thread in threads:
+        thread.join()
+    assert logger.flush(60) == 0
+    stats = logger.stats()
+    logger.close(1)
+    assert spinning["sent"] >= 10_000, "batches reached the server while the callers spun"
+    assert spinning["dropped_by_reason"].get("buffer_full", 0) > 0, "the callers outran the sender"
+    encoded = logger.channel.drained
+    assert stats["sent"] >= 0.75 * encoded, f"{encoded - stats['sent']} of {encoded} encoded records dropped"
+    stored = server.rows('SELECT count("i") FROM "m"', database)[0]["count"]
+    assert stored == stats["sent"] == sum(logged) - stats["dropped"]
+    assert set(stats["dropped_by_reason"]) == {"buffer_full"}
     assert_counters_add_up(stats)
 
 

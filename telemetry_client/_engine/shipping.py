@@ -52,6 +52,9 @@ CLOSE_MARGIN = 0.2  # seconds of the exit deadline kept for closing after delive
 SPLIT_AFTER_429S = 2  # consecutive 429s on a batch before it is halved
 GIVE_UP_AFTER_429S = 6  # consecutive 429s on a single item larger than the stated rate before it is dropped
 OVERLAP_CHUNK = 500  # records encoded between two looks at whether the server has answered
+# A request unanswered this long (seconds) means the server is not keeping up: the
+# buffer's bounds then drop the oldest data, encoded or not (see `_spared`).
+STALLED_AFTER = 1.0
 RECORD_SAMPLE_MASK = 63  # the size of one drained record in 64 is measured
 DEFAULT_RECORD_BYTES = 1024.0  # the size assumed for a raw record until one has been measured
 
@@ -228,6 +231,8 @@ class Channel:
         self._record_sampled = False
         self._intake_limit = self.settings.max_items  # records the intake may hold (see _update_intake_limit)
         self._in_flight: _Batch | None = None  # the batch whose request the sender is making
+        self._in_flight_since = 0.0  # when that request started (monotonic)
+        self._answering = True  # no failure since the last delivery, or since the start (see `_spared`)
         self._unconfirmed_batch: _Batch | None = None  # the one close() counted unconfirmed, until answered
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -368,18 +373,42 @@ class Channel:
                 return first
         return None
 
-    def _pop_droppable(self) -> _Batch | None:
-        """Take out the oldest batch that may be dropped (the second when the first is pinned), if any."""
+    def _keeping_up(self, now: float) -> bool:
+        """The server answers: its last request was delivered, and the one in flight is not stalled."""
+        if not self._answering:
+            return False
+        return self._in_flight is None or now - self._in_flight_since < STALLED_AFTER
+
+    def _spared(self, now: float) -> tuple[int, bool]:
+        """What the bounds may not drop: how many batches at the backlog's front, and whether the partial ones.
+
+        Always the batch in flight (`_pinned`). While the server keeps up, also the
+        next batch and the ones being filled: they are the sender's work of the coming
+        milliseconds, so callers that log faster than the sender can encode (busy
+        threads share one interpreter) lose their oldest records before any work is
+        spent on them, and the sender's share is delivered. Otherwise (an outage, a
+        hang) the oldest data goes, encoded or not, except the batch about to be sent
+        when an attempt is due: without it a full intake would leave nothing to send.
+        """
+        pinned = 0 if self._pinned() is None else 1
+        if self._keeping_up(now):
+            return min(len(self._backlog), pinned + 1), True
+        if not pinned and now >= self._next_attempt:
+            return min(len(self._backlog), 1), False
+        return pinned, False
+
+    def _pop_droppable(self, spared: int) -> _Batch | None:
+        """Take out the oldest batch that may be dropped (after the first `spared`), if any."""
         backlog = self._backlog
-        if self._pinned() is None:
-            return self._pop_oldest() if backlog else None
-        if len(backlog) < 2:
+        if len(backlog) <= spared:
             return None
-        first = backlog.popleft()
+        if not spared:
+            return self._pop_oldest()
+        front = [backlog.popleft() for _ in range(spared)]
         try:
             return self._pop_oldest()
         finally:
-            backlog.appendleft(first)
+            backlog.extendleft(reversed(front))
 
     def _encode_intake(self, records: int) -> None:
         """Encode up to `records` records from the intake."""
@@ -425,26 +454,30 @@ class Channel:
     def _buffered_bytes(self) -> int:
         return self._intake_bytes() + self._partial_bytes() + self._backlog_bytes
 
-    def _update_intake_limit(self) -> None:
-        """How many records `submit` lets wait: the whole bound, less the batch that cannot be dropped.
+    def _update_intake_limit(self, spared: int, partials_spared: bool) -> None:
+        """How many records `submit` lets wait: the whole bound, less what the bounds spare.
 
         Records waiting to be encoded are the newest data, so they may push out every
-        older batch: the sender, which keeps encoding, drops those (`_enforce_bounds`).
-        `submit` drops its own oldest record only once the records alone fill the bound.
+        older batch that is not spared: the sender, which keeps encoding, drops those
+        (`_enforce_bounds`). `submit` drops its own oldest record once the records
+        fill what is left.
         """
         s = self.settings
-        pinned = self._pinned()
-        items = s.max_items - (pinned.count if pinned else 0)
-        room = s.max_bytes - (pinned.memory if pinned else 0)
+        kept = [self._backlog[i] for i in range(spared)]
+        if partials_spared:
+            kept.extend(self._partials.values())
+        items = s.max_items - sum(batch.count or len(batch.items) for batch in kept)
+        room = s.max_bytes - sum(batch.memory for batch in kept)
         self._intake_limit = max(1, min(items, int(room / self._record_bytes)))
 
     def _enforce_bounds(self, now: float) -> None:
-        """Drop the oldest data, encoded or not, until everything buffered fits `max_items` and `max_bytes`."""
+        """Drop the oldest data not spared, encoded or not, until everything buffered fits the bounds."""
         s = self.settings
+        spared, partials_spared = self._spared(now)
         while self._buffered_items() > s.max_items or self._buffered_bytes() > s.max_bytes:
-            lost = self._pop_droppable()
+            lost = self._pop_droppable(spared)
             if lost is None:
-                if not self._partials:
+                if partials_spared or not self._partials:
                     break  # what is left over the bound is the newest records: `submit` drops their oldest
                 key = min(self._partials, key=lambda k: self._partials[k].created)  # older than any record waiting
                 lost = self._partials.pop(key)
@@ -464,9 +497,9 @@ class Channel:
                 index = 0 if self._pinned() is None else 1
                 if len(self._backlog) <= index or now - self._backlog[index].created <= s.max_age:
                     break
-                self._drop("expired", self._pop_droppable().count)  # type: ignore[union-attr]
+                self._drop("expired", self._pop_droppable(index).count)  # type: ignore[union-attr]
                 self._attempt = 0
-        self._update_intake_limit()
+        self._update_intake_limit(*self._spared(now))
 
     def pump(self, now: float, deadline: float | None) -> float:
         """Encode, batch and send what is due; return seconds until this channel next needs a wake-up."""
@@ -499,6 +532,7 @@ class Channel:
                 if self._closed or not self._backlog or now < self._next_attempt or now - started > 0.25:
                     return sent_any
                 batch = self._in_flight = self._backlog[0]
+                self._in_flight_since = now
             if not self._send(batch, deadline):
                 return sent_any
             sent_any = True
@@ -578,6 +612,8 @@ class Channel:
         if not self._intake:
             return False
         with self._lock:
+            if len(self._backlog) > 1 and self._keeping_up(time.monotonic()):
+                return False  # the next batch is ready: more would be dropped before it could be sent
             self._encode_intake(OVERLAP_CHUNK)
             self._enforce_bounds(time.monotonic())
         return True
@@ -607,6 +643,7 @@ class Channel:
             by_key[key] = by_key.get(key, 0) + count
         self._attempt = 0
         self._next_attempt = 0.0
+        self._answering = True
 
     def _count_sent(self, items: Sequence[Item]) -> None:
         """Items a server stored out of a batch it answered with a refusal."""
@@ -769,6 +806,7 @@ class Channel:
         """
         s = self.settings
         self.retries += 1
+        self._answering = False
         if unreachable:
             delay = self._rng.uniform(0.0, min(s.retry_cap, UNREACHABLE_RETRY_CAP))
         elif refill is not None:  # no Retry-After on Loki's 429, but a rate: wait about what it takes, jittered
