@@ -571,6 +571,7 @@ class Channel:
                 return True
             if response is not None and response.status < 500 and response.status not in RETRYABLE_STATUS:
                 return self._rejected(batch, response)
+            self._answering = False  # a retryable failure (429, 5xx, no answer): the server is not keeping up
             refill = None
             if response is not None and response.status == TOO_MANY_REQUESTS and batch.count:
                 batch.throttled += 1
@@ -806,7 +807,6 @@ class Channel:
         """
         s = self.settings
         self.retries += 1
-        self._answering = False
         if unreachable:
             delay = self._rng.uniform(0.0, min(s.retry_cap, UNREACHABLE_RETRY_CAP))
         elif refill is not None:  # no Retry-After on Loki's 429, but a rate: wait about what it takes, jittered
