@@ -32,7 +32,8 @@ def _apply_twice_and_list(rules, before=""):
 
 
 def _jump(port, chain):
-    return f"-A DOCKER-USER -p tcp -m conntrack --ctorigdst 10.0.0.20 --ctorigdstport {port} --ctdir ORIGINAL -j {chain}"
+    match = f"-m conntrack --ctorigdst 10.0.0.20 --ctorigdstport {port} --ctdir ORIGINAL"
+    return f"-A DOCKER-USER -p tcp {match} -j {chain}"
 
 
 APPLIED = [
@@ -79,7 +80,8 @@ def test_files(host):
 def test_each_port_admits_its_own_clients_only():
     # Applied twice, every rule is there once: a run replaces the chains.
     assert _apply_twice_and_list(RULES) == APPLIED
-    assert "udp" not in open(RULES).read()
+    with open(RULES) as rules:
+        assert "udp" not in rules.read()
 
 
 def test_chains_no_rule_uses_are_removed(tmp_path):
