@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -85,15 +86,23 @@ def _hosts(addresses: dict[str, str]) -> dict:
     return {name: {"telemetry_private_address": address} for name, address in addresses.items()}
 
 
-def test_scaled_loki_peers_gossip_and_grafana_and_the_proxy_read_and_write(tmp_path):
-    peers = {"loki_b": "10.0.0.21", "loki_c": "10.0.0.22"}
-    dash = {"dash": "10.0.0.12"}  # a second Grafana, on a host of its own
-    rules = _render(
-        tmp_path,
-        {"loki": {"hosts": dict.fromkeys(peers)}, "grafana": {"hosts": dict.fromkeys(dash)}},
-        _hosts(peers | dash | BYSTANDER),
+PEERS = {"loki_b": "10.0.0.21", "loki_c": "10.0.0.22"}
+DASH = {"dash": "10.0.0.12"}  # a second Grafana, on a host of its own
+
+
+@pytest.fixture(scope="module")
+def scaled_loki(tmp_path_factory) -> dict[str, str]:
+    """Each host's rules: the production inventory, two more Loki hosts in scaled mode, a Grafana, a bystander."""
+    return _render(
+        tmp_path_factory.mktemp("scaled"),
+        {"loki": {"hosts": dict.fromkeys(PEERS)}, "grafana": {"hosts": dict.fromkeys(DASH)}},
+        _hosts(PEERS | DASH | BYSTANDER),
         loki_mode="scaled",
     )
+
+
+def test_scaled_loki_peers_gossip_and_grafana_and_the_proxy_read_and_write(scaled_loki):
+    rules, peers, dash = scaled_loki, PEERS, DASH
     loki_peers = [METRICS, *peers.values()]
     assert by_port(rules["metrics_prod"]) == {
         8086: [PROXY, dash["dash"]],
@@ -156,6 +165,42 @@ def test_a_client_without_a_private_address_is_refused_before_any_change(tmp_pat
     # metrics_prod, whose ports dash would read, writes no rules; the others have nothing to refuse.
     assert not (tmp_path / "root/metrics_prod/opt/telemetry/firewall").exists()
     assert (tmp_path / "root/dash/opt/telemetry/firewall/docker-user.rules").is_file()
+
+
+def test_the_rules_drop_real_connections_from_hosts_a_port_does_not_admit(scaled_loki, tmp_path):
+    """metrics_prod's rules loaded into namespaces that forward to a container as Docker does (DNAT, then
+    DOCKER-USER): the proxy reaches InfluxDB and Loki but not gRPC or gossip, a Loki peer the reverse, a
+    bystander none of them; a port the rules do not name (8428 here) stays open to all."""
+    for tool in ("unshare", "nsenter", "ip", "iptables-restore", "bash"):
+        require_binary(tool)
+    rules = tmp_path / "docker-user.rules"
+    rules.write_text(scaled_loki["metrics_prod"])
+    clients = {"proxy": PROXY, "peer": PEERS["loki_b"], "bystander": BYSTANDER["bystander"]}
+    ports = [8086, 3100, 9096, 7946, 8428]
+    env = dict(os.environ, PYTHON=sys.executable, PORTS=" ".join(map(str, ports)), READY_PORT="9999")
+    script = str(REPO / "tests/firewall_netns.sh")
+    result = subprocess.run(
+        ["unshare", "-rn", "bash", script, str(rules), *clients.values()],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = (line.split(" ", 2) for line in result.stdout.splitlines())
+    seen = {(address, int(port)): what for address, port, what in lines}
+    reachable = {
+        "proxy": {8086, 3100, 8428},
+        "peer": {9096, 7946, 8428},
+        "bystander": {8428},
+    }
+    expected = {
+        (address, port): "open" if port in reachable[name] else "dropped"
+        for name, address in clients.items()
+        for port in ports
+    }
+    assert seen == expected
 
 
 SYSTEMCTL = """\
