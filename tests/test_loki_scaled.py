@@ -38,6 +38,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from firewall_rules import admitted
 from servers import free_port, require_binary
 
 pytestmark = pytest.mark.slow
@@ -477,12 +478,22 @@ def test_molecule_scaled_scenario():
     assert re.search(r"\d+ passed", output), output[-OUTPUT_TAIL:]
 
 
-def test_only_the_inventory_reaches_the_cluster_ports(rendered):
-    """gRPC and memberlist carry no authentication: DOCKER-USER lets only the inventory's hosts through."""
+def test_only_loki_peers_reach_the_cluster_ports(rendered):
+    """gRPC and memberlist carry no authentication: DOCKER-USER lets only the Loki hosts through to them,
+    and only the proxy and Grafana (both on grafana_prod) through to Loki's HTTP API."""
+    peers = sorted(CLUSTER.values())
+    proxy = _compose(rendered, PROXY_HOST, "reverse_proxy")
     for host, address in CLUSTER.items():
         (rules_file,) = (rendered / host).rglob("firewall/docker-user.rules")
-        rules = rules_file.read_text()
-        for proto, port in (("tcp", 3100), ("tcp", 9096), ("tcp", 7946), ("udp", 7946)):
-            line = f"-A DOCKER-USER -p {proto} -m conntrack --ctorigdst {address} --ctorigdstport {port} "
-            assert line in rules, (host, proto, port)
-        assert rules.rstrip().endswith("-A TELEMETRY-PRIVATE -j DROP\nCOMMIT")
+        expected = {
+            (address, "tcp", 3100): ["10.0.0.10"],
+            (address, "tcp", 9096): peers,
+            (address, "tcp", 7946): peers,
+        }
+        if host == "metrics_prod":  # InfluxDB's host too
+            expected[(address, "tcp", 8086)] = ["10.0.0.10"]
+        assert admitted(rules_file.read_text()) == expected, host
+        # Memberlist gossips over TCP only (dskit's TCPTransport): nothing is published on UDP.
+        ports = _compose(rendered, host, "loki")["services"]["loki"]["ports"]
+        assert ports == [f"{address}:3100:3100", f"{address}:9096:9096", f"{address}:7946:7946"], host
+    assert not any("udp" in port for port in next(iter(proxy["services"].values()))["ports"])

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Loads a docker-user.rules file into a host of network namespaces and probes it.
+#
+# Run with bash inside `unshare -rn` (this namespace plays the host):
+#   PYTHON=python3 PORTS="8086 3100" READY_PORT=9999 firewall_netns.sh RULES CLIENT_ADDRESS...
+# The host has 10.0.0.20 on a bridge of clients, one namespace per client
+# address, and a "container" at 172.18.0.2 behind a DNAT rule for every port of
+# 10.0.0.20, as Docker publishes one (nat PREROUTING, then FORWARD through
+# DOCKER-USER). Prints "<client> <port> <what probe says>" for each pair.
+set -eu
+rules="$1"
+shift
+pids=""
+trap 'kill $pids 2>/dev/null' EXIT
+spawn() { unshare -n sleep 600 >/dev/null 2>&1 & }
+# Until the child has its own network namespace.
+own() { while [ "$(readlink "/proc/$1/ns/net")" = "$(readlink /proc/self/ns/net)" ]; do sleep 0.01; done; }
+in_ns() {
+  pid="$1"
+  shift
+  nsenter -t "$pid" -n --preserve-credentials "$@"
+}
+
+ip link set lo up
+spawn
+container=$!
+pids="$pids $container"
+own "$container"
+ip link add br0 type bridge
+ip addr add 10.0.0.20/24 dev br0
+ip link set br0 up
+ip link add c-host type veth peer name eth0 netns "$container"
+ip addr add 172.18.0.1/24 dev c-host
+ip link set c-host up
+in_ns "$container" sh -c 'ip link set lo up; ip addr add 172.18.0.2/24 dev eth0; ip link set eth0 up
+  ip route add default via 172.18.0.1'
+clients=""
+for address in "$@"; do
+  spawn
+  pid=$!
+  pids="$pids $pid"
+  own "$pid"
+  clients="$clients $pid:$address"
+  ip link add "v$pid" type veth peer name eth0 netns "$pid"
+  ip link set "v$pid" master br0 up
+  in_ns "$pid" sh -c "ip link set lo up; ip addr add $address/24 dev eth0; ip link set eth0 up
+    ip route add default via 10.0.0.20"
+done
+echo 1 >/proc/sys/net/ipv4/ip_forward
+iptables-restore <<'RULES'
+*nat
+:PREROUTING ACCEPT [0:0]
+-A PREROUTING -d 10.0.0.20/32 -p tcp -j DNAT --to-destination 172.18.0.2
+COMMIT
+*filter
+:FORWARD ACCEPT [0:0]
+:DOCKER-USER - [0:0]
+-A FORWARD -j DOCKER-USER
+-A FORWARD -j ACCEPT
+COMMIT
+RULES
+iptables-restore --noflush "$rules"
+
+# The container answers "ok" on every port.
+in_ns "$container" "$PYTHON" -c '
+import socket, sys, threading
+def serve(port):
+    listener = socket.create_server(("172.18.0.2", port))
+    while True:
+        connection, _ = listener.accept()
+        connection.sendall(b"ok")
+        connection.close()
+for port in map(int, sys.argv[1:]):
+    threading.Thread(target=serve, args=(port,), daemon=True).start()
+threading.Event().wait()
+' $PORTS "$READY_PORT" >/dev/null 2>&1 &
+pids="$pids $!"
+
+# "open" (the container answered), "dropped" (no answer within the deadline:
+# what DROP does), or "error ..." (refused, unreachable: something else broke).
+probe() {  # pid address port deadline
+  in_ns "$1" "$PYTHON" -c '
+import socket, sys
+try:
+    with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[3])) as s:
+        print("open" if s.recv(2) == b"ok" else "error: no ok")
+except TimeoutError:
+    print("dropped")
+except OSError as error:
+    print("error:", error)' "$2" "$3" "$4"
+}
+# Ready once every client reaches the container through the host on a port
+# the rules do not restrict (READY_PORT): links up, neighbours resolved.
+for client in $clients; do
+  tries=0
+  until [ "$(probe "${client%%:*}" 10.0.0.20 "$READY_PORT" 1)" = open ]; do
+    tries=$((tries + 1))
+    [ "$tries" -lt 120 ] || { echo "${client#*:} never reaches the container" >&2; exit 1; }
+    sleep 0.1
+  done
+done
+# Every probe at once: a dropped connection takes the whole deadline.
+for client in $clients; do
+  pid=${client%%:*}
+  address=${client#*:}
+  for port in $PORTS; do
+    (
+      trap - EXIT
+      echo "$address $port $(probe "$pid" 10.0.0.20 "$port" 10)"
+    ) &
+  done
+done
+for job in $(jobs -p); do
+  case " $pids " in
+    *" $job "*) ;;
+    *) wait "$job" ;;
+  esac
+done
