@@ -20,9 +20,12 @@ check:
 	  $(QUICK_LINT) && $(PYTHON) -m pytest -m "not slow" -q; status=$$?; \
 	  echo "make check: $$(( $$(date +%s) - start )) s wall"; exit $$status
 
-# Before a merge: the whole suite.
+# Before a merge: the whole suite, spread over one worker per core (pytest-xdist). A
+# module's tests share one worker (its module fixtures are built once) unless it says
+# otherwise (tests/conftest.py). TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= auto
 test:
-	$(PYTHON) -m pytest
+	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 QUICK_LINT = ruff check . && ruff format --check . && yamllint .
 

@@ -1,7 +1,9 @@
 """Shared fixtures: real InfluxDB 1.6.7 and VictoriaMetrics servers on loopback; the fast tier's rule.
 
-.ci/run may start the servers itself and pass their URLs in TEST_INFLUXDB_V1_URL and
-TEST_VICTORIA_URL; otherwise each test session starts its own throwaway servers.
+Each test session starts its own throwaway servers, on first use: under pytest-xdist
+(`make test`) each worker has its own, so no test sees another worker's writes. A
+module's tests run in one worker, where its module fixtures are built once, unless the
+module sets `SPREAD_ACROSS_WORKERS = True` (its tests share nothing and are long).
 
 Two tiers: `make check` runs `pytest -m "not slow"` while editing, `make test` runs everything.
 The rule for the `slow` marker: a test that starts a server or a process (influxd,
@@ -88,12 +90,16 @@ def pytest_configure(config: pytest.Config) -> None:
     os.fork = _guarded_fork
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Group each module's tests for pytest-xdist's `--dist loadgroup` (see the module docstring)."""
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is not None and not getattr(module, "SPREAD_ACROSS_WORKERS", False):
+            item.add_marker(pytest.mark.xdist_group(module.__name__))
+
+
 @pytest.fixture(scope="session")
 def influx_server() -> Iterator[InfluxV1]:
-    url = os.environ.get("TEST_INFLUXDB_V1_URL")
-    if url:
-        yield InfluxV1(url)
-        return
     with influxdb_v1() as server:
         yield server
 
@@ -108,9 +114,5 @@ def influx_db(influx_server: InfluxV1) -> tuple[InfluxV1, str]:
 
 @pytest.fixture(scope="session")
 def victoria_server() -> Iterator[VictoriaMetrics]:
-    url = os.environ.get("TEST_VICTORIA_URL")
-    if url:
-        yield VictoriaMetrics(url)
-        return
     with victoria_metrics() as server:
         yield server

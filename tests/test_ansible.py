@@ -44,6 +44,9 @@ import yaml
 from firewall_rules import admitted
 
 pytestmark = pytest.mark.slow
+# Every test renders or deploys its own site: nothing to share, and together they take
+# a third of the suite, so pytest-xdist spreads them over the workers (tests/conftest.py).
+SPREAD_ACROSS_WORKERS = True
 
 REPO = Path(__file__).resolve().parents[1]
 ROLES_DIR = REPO / "ansible" / "roles"
