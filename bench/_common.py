@@ -31,6 +31,15 @@ def caller_cost_us(call, samples: int) -> tuple[float, float]:
     return percentile(timings, 0.50) / 1000, percentile(timings, 0.99) / 1000
 
 
+def influx_v1_logger(url: str, database: str, buffer: object) -> object:
+    """A MetricsLogger writing to an InfluxDB 1.x database as miner 1, without self-metrics."""
+    from telemetry_client.metrics import MetricsLogger
+
+    return MetricsLogger(
+        url=url, database=database, api_version=1, uid=1, role="miner", self_metrics_interval=None, buffer=buffer
+    )
+
+
 def dedicated_logger(handler: logging.Handler, prefix: str = "bench") -> logging.Logger:
     """A fresh logger that sends only to `handler`: no root handlers, nothing left from an earlier run."""
     logger = logging.getLogger(f"{prefix}.{uuid.uuid4().hex[:8]}")

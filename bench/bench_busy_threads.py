@@ -13,11 +13,10 @@ import sys
 import threading
 import time
 
-from _common import ROOT  # noqa: F401  (puts tests/ on sys.path)
+from _common import influx_v1_logger
 from servers import influxdb_v1
 
 from telemetry_client import BufferSettings
-from telemetry_client.metrics import MetricsLogger
 
 SPIN_SECONDS = 4.0
 THREADS = tuple(int(n) for n in sys.argv[1:]) or (1, 2, 4, 8)
@@ -25,15 +24,7 @@ FIELDS = {f"field_{k}": k * 1.5 for k in range(10)}
 
 
 def run(url: str, database: str, threads: int) -> dict[str, float]:
-    logger = MetricsLogger(
-        url=url,
-        database=database,
-        api_version=1,
-        uid=1,
-        role="miner",
-        self_metrics_interval=None,
-        buffer=BufferSettings(max_items=50_000, batch_items=5_000),
-    )
+    logger = influx_v1_logger(url, database, BufferSettings(max_items=50_000, batch_items=5_000))
     logged = [0] * threads
     stop = time.monotonic() + SPIN_SECONDS
 

@@ -16,11 +16,10 @@ import time
 
 import psutil
 import urllib3
-from _common import ROOT  # noqa: F401  (puts tests/ on sys.path)
+from _common import influx_v1_logger
 from servers import influxdb_v1
 
 from telemetry_client import BufferSettings
-from telemetry_client.metrics import MetricsLogger
 
 POINTS = 300_000
 ROUNDS = 3
@@ -32,16 +31,10 @@ def fields_for(i: int) -> dict[str, float]:
 
 
 def client_rate(url: str, database: str) -> float:
-    logger = MetricsLogger(
-        url=url,
-        database=database,
-        api_version=1,
-        uid=1,
-        role="miner",
-        self_metrics_interval=None,
-        # Room for every point however fast the caller outruns the sender: a drop would
-        # make the rate meaningless, and a fast machine's caller outruns it most.
-        buffer=BufferSettings(batch_items=BATCH, max_items=POINTS, max_bytes=POINTS * 4_096),
+    # Room for every point however fast the caller outruns the sender: a drop would
+    # make the rate meaningless, and a fast machine's caller outruns it most.
+    logger = influx_v1_logger(
+        url, database, BufferSettings(batch_items=BATCH, max_items=POINTS, max_bytes=POINTS * 4_096)
     )
     # The caller's own work (building its dicts) is done before the clock starts: this
     # measures what the client costs, as the ceiling measures what the server costs.
