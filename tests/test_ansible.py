@@ -1339,3 +1339,10 @@ def test_node_tooling_adds_rotates_writes_credentials_and_revokes(tmp_path):
     refused = _nodes_play(inventory, "Miner 07", "add")
     assert refused.returncode != 0 and "Give NODE=<name>" in refused.stdout
     assert listed() == before
+
+
+def test_influxdb_preflight_refuses_an_operator_token_shorter_than_32_random_bytes(tmp_path):
+    # 42 characters of base64 hold 31.5 bytes; 43 hold 32.
+    short = _run_influxdb_preflight(tmp_path, influxdb_admin_token=secrets.token_urlsafe(32)[:42])
+    assert short.returncode != 0 and "43 characters or more" in short.stdout
+    _assert_ok(_run_influxdb_preflight(tmp_path, influxdb_admin_token=secrets.token_urlsafe(32)))
