@@ -114,8 +114,9 @@ random_secret() {
 
 # Secret name, length of a new random value, and file mode. The InfluxDB image
 # reads its files as root (which may read a 0600 file of another owner); Grafana
-# reads its file as uid 472, so that one is 0644 inside the 0700 directory: only
-# the directory's owner can reach it on this machine. The secrets of both
+# reads its files (admin password, secret_key) as uid 472, so those are 0644
+# inside the 0700 directory: only the directory's owner can reach them on this
+# machine. The secrets of both
 # backends are written, so that switching needs no new setup.
 # victoriametrics_node_token is the nodes' write token for VictoriaMetrics; only
 # this script reads it (into vmauth_config and node.env). The vmauth_*_auth_key
@@ -125,6 +126,7 @@ SECRETS=(
   "influxdb_admin_password 32 0600"
   "influxdb_admin_token 64 0600"
   "grafana_admin_password 32 0644"
+  "grafana_secret_key 40 0644"
   "victoriametrics_node_token 64 0600"
   "vmauth_metrics_auth_key 32 0600"
   "vmauth_flags_auth_key 32 0600"
@@ -390,6 +392,21 @@ Stop it with 'make down'; 'make clean VOLUMES=1' also deletes all stored data.
 TXT
 }
 
+# Grafana's built-in secret_key (conf/defaults.ini of grafana/grafana), which a
+# stack set up before it had its own key encrypted Grafana's stored secrets with.
+grafana_default_secret_key=SW2YcwTIb9zpOOhoPsMm
+
+# A Grafana volume from before the stack had its own secret_key holds secrets
+# encrypted with the built-in one, which a new key could not read: that stack
+# keeps the built-in key, with a warning. A new stack gets a random key.
+keep_grafana_secret_key_of_an_older_stack() {
+  [ -s "${secrets_dir}/grafana_secret_key" ] && return 0
+  docker volume inspect "${project}_grafana-data" >/dev/null 2>&1 || return 0
+  (umask 077 && mkdir -p "${secrets_dir}" && printf '%s' "${grafana_default_secret_key}" >"${secrets_dir}/grafana_secret_key")
+  chmod 0644 "${secrets_dir}/grafana_secret_key"
+  echo "Warning: Grafana's volume ${project}_grafana-data predates its own secret_key; it keeps Grafana's built-in key, which is public. For a random one (Grafana's own state goes; its provisioned data sources, dashboards and alert rules come back): make down; docker volume rm ${project}_grafana-data; rm ${secrets_dir}/grafana_secret_key; make up (docs/local-stack.md)." >&2
+}
+
 # Before anything is written or started: a wrong METRICS_BACKEND, no engine,
 # floating versions and missing Grafana files each stop here with one sentence.
 cmd_up() {
@@ -398,6 +415,7 @@ cmd_up() {
   load_versions
   require_valid_retention
   require_grafana_files
+  keep_grafana_secret_key_of_an_older_stack
   ensure_env_file
   compose up -d --remove-orphans
   wait_healthy

@@ -255,6 +255,8 @@ def test_site_renders_and_is_idempotent(name, tmp_path, test_secrets):
             "grafana"
         ]["environment"].items()
     )
+    assert "GF_SNAPSHOTS_EXTERNAL_ENABLED=false" in env.splitlines()
+    assert "GF_SECURITY_SECRET_KEY__FILE=/run/secrets/grafana_secret_key" in env.splitlines()
     # The audit shipper reads the files the Caddyfile writes and pushes where the proxy pushes, directly.
     alloy = (base / "edge_audit" / "conf" / "config.alloy").read_text()
     logged = re.findall(r"output file /var/log/caddy/(\S+) \{", caddyfile)
