@@ -29,13 +29,9 @@ def _certificate(tmp_path: Path) -> tuple[Path, Path]:
     """One certificate for the three sites (the proxy's own covers two)."""
     cert, key = tmp_path / "sites-cert.pem", tmp_path / "sites-key.pem"
     names = ",".join(f"DNS:{name}" for name in (METRICS_DOMAIN, LOGS_DOMAIN, GRAFANA_DOMAIN))
-    _assert_ok(
-        _run(
-            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
-            + ["-days", "2", "-subj", f"/CN={METRICS_DOMAIN}", "-addext", f"subjectAltName={names}"]
-            + ["-keyout", str(key), "-out", str(cert)]
-        )
-    )
+    request = ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    subject = ["-days", "2", "-subj", f"/CN={METRICS_DOMAIN}", "-addext", f"subjectAltName={names}"]
+    _assert_ok(_run([*request, *subject, "-keyout", str(key), "-out", str(cert)]))
     return cert, key
 
 
