@@ -173,6 +173,10 @@ def test_secrets(tmp_path) -> Path:
         "vault_grafana_influxdb_token": secrets.token_urlsafe(64),
         "vault_reverse_proxy_grafana_users": [{"username": "operator", "password_hash": _bcrypt_like()}],
         "vault_reverse_proxy_loki_users": [{"username": "node", "password_hash": _bcrypt_like()}],
+        **{
+            f"vault_victoriametrics_{name}_auth_key": secrets.token_hex(20)
+            for name in ("delete", "snapshot", "force_merge", "force_flush")
+        },
     }
     path = tmp_path / "secrets.json"
     path.write_text(json.dumps(values))

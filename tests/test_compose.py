@@ -49,6 +49,10 @@ SECRET_NAMES = (
     "vmauth_flags_auth_key",
     "vmauth_pprof_auth_key",
     "vmauth_reload_auth_key",
+    "victoriametrics_delete_auth_key",
+    "victoriametrics_snapshot_auth_key",
+    "victoriametrics_force_merge_auth_key",
+    "victoriametrics_force_flush_auth_key",
 )
 SECRETS = {name: secrets.token_hex(12) for name in SECRET_NAMES}
 # vmauth's configuration, which stack.sh renders from victoriametrics_node_token.

@@ -391,14 +391,15 @@ def test_make_up_refuses_to_start_without_the_generated_grafana_files(tmp_path: 
 
 # An engine whose answers are enough for make backup and make restore to run through:
 # a container id for `compose ps -q <service>`, "healthy" for `docker inspect`, and
-# VictoriaMetrics' answer to /snapshot/create (app/vmstorage/main.go); every call is recorded.
+# the backup tool's answer to vm-snapshot-create (the name VictoriaMetrics gave the
+# snapshot, app/vmstorage/main.go); every call is recorded.
 RECORDING_DOCKER = """#!/bin/sh
 echo "$*" >>"$CALLS"
 case "$*" in
   *"ps -q "*) for last; do :; done; echo "cid-$last" ;;
   inspect*) echo healthy ;;
-  *snapshot/create*) printf '{"status":"ok","snapshot":"20261201015627-18ECFE821D04ABCB"}' ;;
-  *snapshot/delete*) printf '{"status":"ok"}' ;;
+  *vm-snapshot-create*) echo 20261201015627-18ECFE821D04ABCB ;;
+  *vm-snapshot-delete*) echo deleted ;;
 esac
 exit 0
 """
@@ -424,14 +425,25 @@ def test_make_up_refuses_a_malformed_retention_before_starting(tmp_path: Path) -
 
 def test_make_backup_on_victoriametrics_archives_a_snapshot(tmp_path: Path) -> None:
     env = recording_engine(tmp_path, "victoriametrics")
+    assert stack("env", tmp_path=tmp_path).returncode == 0  # the secrets `make up` writes
     result = stack("backup", tmp_path=tmp_path, STACK_BACKUP_DIR=str(tmp_path / "backups"), **env)
     assert result.returncode == 0, result.stderr
     calls = (tmp_path / "calls").read_text().splitlines()
     snapshot = "20261201015627-18ECFE821D04ABCB"
-    [create] = [i for i, c in enumerate(calls) if c.endswith("wget -qO- http://127.0.0.1:8428/snapshot/create")]
+    key = "/run/secrets/snapshot_auth_key"
+    with_key = f"--auth-key-file {key}"
+    [create] = [i for i, c in enumerate(calls) if c.endswith(f"vm-snapshot-create http://127.0.0.1:8428 {with_key}")]
     [archive] = [i for i, c in enumerate(calls) if "telemetry_backup.py snapshot /victoria-metrics-data/" in c]
-    [delete] = [i for i, c in enumerate(calls) if c.endswith(f"snapshot/delete?snapshot={snapshot}")]
+    [delete] = [
+        i for i, c in enumerate(calls) if c.endswith(f"vm-snapshot-delete http://127.0.0.1:8428 {snapshot} {with_key}")
+    ]
     assert create < archive < delete
+    # The snapshot key reaches the tool as a read-only file, never as an argument.
+    secret = (tmp_path / "secrets" / "victoriametrics_snapshot_auth_key").read_text()
+    for call in (calls[create], calls[delete]):
+        assert f"--volume {tmp_path}/secrets/victoriametrics_snapshot_auth_key:{key}:ro " in call
+        assert "--network container:cid-victoriametrics " in call
+    assert not any(secret in call for call in calls)
     assert calls[archive].startswith("run --rm --network none --volumes-from cid-victoriametrics ")
     archived = f"/victoria-metrics-data/snapshots/{snapshot} /backup/victoriametrics.tar.gz --follow-links"
     assert archived in calls[archive]
