@@ -91,6 +91,13 @@ AUTH_KEY_FILES = {
     "pprofAuthKey": "vmauth_pprof_auth_key",
     "reloadAuthKey": "vmauth_reload_auth_key",
 }
+# VictoriaMetrics' own endpoint keys (docker-compose.victoriametrics.yml): flag, secret file.
+VM_KEY_FILES = {
+    "deleteAuthKey": "victoriametrics_delete_auth_key",
+    "snapshotAuthKey": "victoriametrics_snapshot_auth_key",
+    "forceMergeAuthKey": "victoriametrics_force_merge_auth_key",
+    "forceFlushAuthKey": "victoriametrics_force_flush_auth_key",
+}
 
 
 # Where Grafana's provisioning, dashboards and alert rules come from, per backend.
@@ -192,7 +199,10 @@ def test_victoriametrics_runs_confined_with_its_retention_and_only_vmauth_publis
     # Each of vmauth's own endpoints needs its key, which the flag reads from its secret file.
     for flag, name in AUTH_KEY_FILES.items():
         assert f"-{flag}=file:///run/secrets/{name}" in vmauth["command"], flag
-    assert "secrets" not in vm
+    # VictoriaMetrics reads only the keys of its delete, snapshot, merge and flush endpoints.
+    assert sorted(s["source"] for s in vm["secrets"]) == sorted(VM_KEY_FILES.values())
+    for flag, name in VM_KEY_FILES.items():
+        assert f"-{flag}=file:///run/secrets/{name}" in vm["command"], flag
     for name in ("victoriametrics", "vmauth"):
         test = services[name]["healthcheck"]["test"]
         assert test[0] == "CMD" and test[-1].endswith("/health"), name
@@ -635,9 +645,15 @@ def victoriametrics_behind_vmauth(tmp_path: Path) -> Iterator[WritePath]:
         work = Path(tmp)
         # VictoriaMetrics: the compose command, with a local data path and a free loopback port.
         vm_flags = flag_values(services["victoriametrics"]["command"])
-        assert set(vm_flags) == {"storageDataPath", "retentionPeriod", "httpListenAddr"}
+        assert set(vm_flags) == {"storageDataPath", "retentionPeriod", "httpListenAddr", *VM_KEY_FILES}
         vm_port = free_port()
         vm_flags.update(storageDataPath=str(work / "data"), httpListenAddr=f"127.0.0.1:{vm_port}")
+        # Its endpoint keys (tests/test_victoriametrics_auth_keys.py), as for vmauth below.
+        vm_from_files = reads_flag_files(vm_binary)
+        for flag, name in VM_KEY_FILES.items():
+            assert vm_flags[flag] == f"file:///run/secrets/{name}"
+            secret = tmp_path / "secrets" / name
+            vm_flags[flag] = f"file://{secret}" if vm_from_files else secret.read_text()
         vm_url = f"http://127.0.0.1:{vm_port}"
         # vmauth: the compose command and stack.sh's configuration, which names the
         # compose service (victoriametrics:8428): here it is on loopback.

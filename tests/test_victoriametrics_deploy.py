@@ -585,11 +585,11 @@ def test_proxy_balances_grafanas_reads_over_the_vmselect_hosts(cluster_site):
     assert f"reverse_proxy {' '.join(CLUSTER[h] + ':8481' for h in SELECT)} {{" in route
     for line in ("lb_policy round_robin", "health_uri /health", "health_status 200", "respond 404"):
         assert line in route, line
-    # Internal only: the proxy publishes 80 and 443, nothing else.
+    # Internal only: the proxy publishes 80 and 443 (to Caddy's 8080 and 8443), nothing else.
     compose = yaml.safe_load(
         (cluster_site / PROXY_HOST / "opt/telemetry/reverse_proxy/container.compose.yml").read_text()
     )
-    assert [port.rsplit(":", 1)[1] for port in compose["services"]["caddy"]["ports"]] == ["80", "443"]
+    assert [port.split(":")[-2] for port in compose["services"]["caddy"]["ports"]] == ["80", "443"]
 
 
 @pytest.mark.timeout(1800)
