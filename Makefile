@@ -117,26 +117,37 @@ clean:
 INVENTORY ?= inventory/prod
 ANSIBLE_ARGS ?= --ask-vault-pass
 RETIRE_AFTER ?=
-NODE_PLAY = ansible-playbook -i $(INVENTORY) ansible/nodes.yml $(ANSIBLE_ARGS) -e node=$(NODE)
+# NODE and RETIRE_AFTER reach the shell only through the environment, quoted
+# ("$$NODE"), and NODE must be a node name before anything runs: a value with
+# spaces, quotes or ';' is refused, never run as a command.
+export NODE RETIRE_AFTER
+NODE_PLAY = ansible-playbook -i $(INVENTORY) ansible/nodes.yml $(ANSIBLE_ARGS) -e "node=$$NODE"
 DEPLOY = ansible-playbook -i $(INVENTORY) site.yml $(ANSIBLE_ARGS)
+NODE_NAME_CHECK = @printf '%s' "$$NODE" | grep -Eqx '[a-z0-9][a-z0-9._-]{0,62}' || { \
+	  echo "NODE must be a node name (lower-case letters, digits, '.', '_' and '-', starting with a letter or digit, 63 characters at most)." >&2; exit 2; }
 
 node-add:
+	$(NODE_NAME_CHECK)
 	$(NODE_PLAY) -e node_action=add
 	$(DEPLOY)
 	$(NODE_PLAY) -e node_action=credentials
 
 node-rotate:
-	$(NODE_PLAY) -e node_action=rotate $(if $(RETIRE_AFTER),-e node_retire_after=$(RETIRE_AFTER))
+	$(NODE_NAME_CHECK)
+	$(NODE_PLAY) -e node_action=rotate $(if $(RETIRE_AFTER),-e "node_retire_after=$$RETIRE_AFTER")
 	$(DEPLOY)
 	$(NODE_PLAY) -e node_action=credentials
 
 node-retire:
+	$(NODE_NAME_CHECK)
 	$(NODE_PLAY) -e node_action=retire
 	$(DEPLOY)
 
 node-revoke:
+	$(NODE_NAME_CHECK)
 	$(NODE_PLAY) -e node_action=revoke
 	$(DEPLOY)
 
 node-credentials:
+	$(NODE_NAME_CHECK)
 	$(NODE_PLAY) -e node_action=credentials

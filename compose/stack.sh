@@ -114,22 +114,31 @@ random_secret() {
 
 # Secret name, length of a new random value, and file mode. The InfluxDB image
 # reads its files as root (which may read a 0600 file of another owner); Grafana
-# reads its file as uid 472, so that one is 0644 inside the 0700 directory: only
-# the directory's owner can reach it on this machine. The secrets of both
+# reads its files (admin password, secret_key) as uid 472, so those are 0644
+# inside the 0700 directory: only the directory's owner can reach them on this
+# machine. The secrets of both
 # backends are written, so that switching needs no new setup.
 # victoriametrics_node_token is the nodes' write token for VictoriaMetrics; only
 # this script reads it (into vmauth_config and node.env). The vmauth_*_auth_key
 # files are the keys of vmauth's own endpoints (?authKey=...), read by vmauth as
-# root (docker-compose.victoriametrics.yml).
+# root (docker-compose.victoriametrics.yml). The victoriametrics_*_auth_key files
+# are the keys of VictoriaMetrics' delete, snapshot, force-merge and force-flush
+# endpoints; VictoriaMetrics reads them as nobody (65534), so they are 0644 like
+# Grafana's, and `make backup` sends the snapshot key.
 SECRETS=(
   "influxdb_admin_password 32 0600"
   "influxdb_admin_token 64 0600"
   "grafana_admin_password 32 0644"
+  "grafana_secret_key 40 0644"
   "victoriametrics_node_token 64 0600"
   "vmauth_metrics_auth_key 32 0600"
   "vmauth_flags_auth_key 32 0600"
   "vmauth_pprof_auth_key 32 0600"
   "vmauth_reload_auth_key 32 0600"
+  "victoriametrics_delete_auth_key 32 0644"
+  "victoriametrics_snapshot_auth_key 32 0644"
+  "victoriametrics_force_merge_auth_key 32 0644"
+  "victoriametrics_force_flush_auth_key 32 0644"
 )
 
 # Writes every missing secret file. A value an older stack.sh kept in the env
@@ -390,6 +399,21 @@ Stop it with 'make down'; 'make clean VOLUMES=1' also deletes all stored data.
 TXT
 }
 
+# Grafana's built-in secret_key (conf/defaults.ini of grafana/grafana), which a
+# stack set up before it had its own key encrypted Grafana's stored secrets with.
+grafana_default_secret_key=SW2YcwTIb9zpOOhoPsMm
+
+# A Grafana volume from before the stack had its own secret_key holds secrets
+# encrypted with the built-in one, which a new key could not read: that stack
+# keeps the built-in key, with a warning. A new stack gets a random key.
+keep_grafana_secret_key_of_an_older_stack() {
+  [ -s "${secrets_dir}/grafana_secret_key" ] && return 0
+  docker volume inspect "${project}_grafana-data" >/dev/null 2>&1 || return 0
+  (umask 077 && mkdir -p "${secrets_dir}" && printf '%s' "${grafana_default_secret_key}" >"${secrets_dir}/grafana_secret_key")
+  chmod 0644 "${secrets_dir}/grafana_secret_key"
+  echo "Warning: Grafana's volume ${project}_grafana-data predates its own secret_key; it keeps Grafana's built-in key, which is public. For a random one (Grafana's own state goes; its provisioned data sources, dashboards and alert rules come back): make down; docker volume rm ${project}_grafana-data; rm ${secrets_dir}/grafana_secret_key; make up (docs/local-stack.md)." >&2
+}
+
 # Before anything is written or started: a wrong METRICS_BACKEND, no engine,
 # floating versions and missing Grafana files each stop here with one sentence.
 cmd_up() {
@@ -398,6 +422,7 @@ cmd_up() {
   load_versions
   require_valid_retention
   require_grafana_files
+  keep_grafana_secret_key_of_an_older_stack
   ensure_env_file
   compose up -d --remove-orphans
   wait_healthy
@@ -456,22 +481,39 @@ store_backup_name() {
 # VictoriaMetrics' own consistent copy: an instant snapshot (/snapshot/create
 # answers {"status":"ok","snapshot":"<name>"}: VictoriaMetrics app/vmstorage/main.go),
 # which is hard links to its parts under <data>/snapshots/<name>, joined by
-# symbolic links; archived with the links followed, then deleted.
+# symbolic links; archived with the links followed, then deleted. The snapshot
+# endpoints want -snapshotAuthKey: the backup tool sends it from the key file in
+# the POST body, from a throw-away container on VictoriaMetrics' network.
 backup_victoriametrics() {
-  local set_dir="$1" owner="$2" vm answer name
-  vm="$(container_of victoriametrics)"
+  local set_dir="$1" owner="$2" name
+  container_of victoriametrics >/dev/null
   echo "VictoriaMetrics: a snapshot (/snapshot/create), archived..."
-  answer="$(docker exec "${vm}" wget -qO- http://127.0.0.1:8428/snapshot/create)"
-  name="$(printf '%s' "${answer}" | sed -n 's/.*"snapshot":"\([0-9A-Za-z-]*\)".*/\1/p')"
-  [ -n "${name}" ] || die "VictoriaMetrics did not create a snapshot: ${answer}"
+  name="$(victoriametrics_snapshot vm-snapshot-create)" || die "VictoriaMetrics did not create a snapshot."
+  [[ "${name}" =~ ^[0-9A-Za-z-]+$ ]] || die "VictoriaMetrics did not create a snapshot: ${name}"
   # The snapshot's hard links hold disk space until it is deleted: delete it whether
   # or not the archive was written, then report the archive's outcome.
   local status=0
   backup_helper victoriametrics "${set_dir}" snapshot "/victoria-metrics-data/snapshots/${name}" \
     /backup/victoriametrics.tar.gz --follow-links --owner "${owner}" || status=$?
-  docker exec "${vm}" wget -qO- "http://127.0.0.1:8428/snapshot/delete?snapshot=${name}" >/dev/null ||
-    echo "VictoriaMetrics snapshot ${name} was not deleted: delete it with /snapshot/delete?snapshot=${name}" >&2
+  victoriametrics_snapshot vm-snapshot-delete "${name}" >/dev/null ||
+    echo "VictoriaMetrics snapshot ${name} was not deleted: delete it with /snapshot/delete?snapshot=${name} and the key in ${secrets_dir}/victoriametrics_snapshot_auth_key" >&2
   [ "${status}" -eq 0 ] || die "The VictoriaMetrics snapshot could not be archived (exit ${status}); it was deleted."
+}
+
+# The backup tool's vm-snapshot-create or vm-snapshot-delete ($1, then its name)
+# against VictoriaMetrics, with the snapshot key mounted read-only. A stack whose
+# `make up` predates the key runs VictoriaMetrics without one: no key is sent.
+victoriametrics_snapshot() {
+  local action="$1" key="${secrets_dir}/victoriametrics_snapshot_auth_key" with_key=()
+  shift
+  if [ -s "${key}" ]; then
+    with_key=(--volume "${key}:/run/secrets/snapshot_auth_key:ro")
+    set -- "$@" --auth-key-file /run/secrets/snapshot_auth_key
+  fi
+  docker run --rm --network "container:$(container_of victoriametrics)" --user 65534:65534 --cap-drop ALL \
+    --security-opt no-new-privileges:true \
+    --volume "${backup_tool}:/usr/local/bin/telemetry_backup.py:ro" "${with_key[@]}" \
+    "${PYTHON_IMAGE}" python /usr/local/bin/telemetry_backup.py "${action}" http://127.0.0.1:8428 "$@"
 }
 
 container_of() {

@@ -169,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="where VictoriaMetrics answers queries (env VICTORIAMETRICS_URL): a single node's URL, e.g. "
         "http://localhost:8428, or a cluster's http://<vmselect>:8481/select/0/prometheus; "
         "a single node takes the writes there too (default of --influxdb-url); read credentials from env "
-        "VICTORIAMETRICS_USERNAME/VICTORIAMETRICS_PASSWORD or VICTORIAMETRICS_BEARER_TOKEN",
+        "VICTORIAMETRICS_USERNAME/VICTORIAMETRICS_PASSWORD or VICTORIAMETRICS_BEARER_TOKEN, and the key of "
+        "-forceFlushAuthKey from VICTORIAMETRICS_FORCE_FLUSH_AUTH_KEY",
     )
     target.add_argument(
         "--influxdb-url",
@@ -571,8 +572,9 @@ def lokiql(url: str, org_id: str | None = None) -> vd.LokiQL:
 
 
 def promql(stack: Stack) -> vm.PromQL:
-    """VictoriaMetrics' Prometheus query API, with the read credentials of the environment."""
-    return vm.PromQL(stack.victoria_url or stack.influx_url, stack.victoria_headers)
+    """VictoriaMetrics' Prometheus query API, with the read credentials and force-flush key of the environment."""
+    flush_key = _env("VICTORIAMETRICS_FORCE_FLUSH_AUTH_KEY") or ""
+    return vm.PromQL(stack.victoria_url or stack.influx_url, stack.victoria_headers, flush_key=flush_key)
 
 
 def selected_datasources(args: argparse.Namespace, stack: Stack) -> list[str]:

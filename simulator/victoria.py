@@ -116,6 +116,8 @@ class PromQL:
     url: str
     headers: tuple[tuple[str, str], ...] = ()
     timeout: float = 60.0
+    # The server's -forceFlushAuthKey, if it has one (env VICTORIAMETRICS_FORCE_FLUSH_AUTH_KEY).
+    flush_key: str = ""
 
     def _call(self, path: str, params: dict[str, str]) -> Any:
         """POST form arguments (long expressions fit) and return `data`; RuntimeError with the server's words."""
@@ -148,8 +150,10 @@ class PromQL:
         searchable within about a second by themselves, so a refusal is no error.
         """
         base = self.url.split("/select/", 1)[0]
+        # The key goes in the form body (VictoriaMetrics reads authKey there too), not the URL.
+        form = {"authKey": self.flush_key} if self.flush_key else None
         try:
-            status, _ = _http(f"{base}/internal/force_flush", None, dict(self.headers), self.timeout)
+            status, _ = _http(f"{base}/internal/force_flush", form, dict(self.headers), self.timeout)
         except (urllib.error.URLError, OSError):
             return False
         return status == 200

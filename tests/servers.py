@@ -240,6 +240,8 @@ class VictoriaMetrics:
     """A running VictoriaMetrics server (accepts InfluxDB's /api/v2/write)."""
 
     url: str
+    # The server's -forceFlushAuthKey, when it was started with one: flush() sends it.
+    force_flush_key: str = ""
 
     def export(self, match: str) -> list[dict]:
         """Series matching `match`, as exported by /api/v1/export (JSON lines)."""
@@ -261,7 +263,8 @@ class VictoriaMetrics:
 
     def flush(self) -> None:
         """Make just-written samples searchable (VictoriaMetrics buffers them for ~1 s)."""
-        with urllib.request.urlopen(f"{self.url}/internal/force_flush", timeout=30):
+        data = urllib.parse.urlencode({"authKey": self.force_flush_key}).encode() if self.force_flush_key else None
+        with urllib.request.urlopen(f"{self.url}/internal/force_flush", data=data, timeout=30):
             pass
 
 
@@ -279,5 +282,6 @@ def victoria_metrics(*flags: str) -> Iterator[VictoriaMetrics]:
             "-search.latencyOffset=0s",
             *flags,
         ]
+        keys = [flag.split("=", 1)[1] for flag in flags if flag.startswith("-forceFlushAuthKey=")]
         with _running(argv, f"{url}/health", Path(tmp)):
-            yield VictoriaMetrics(url)
+            yield VictoriaMetrics(url, force_flush_key=(keys or [""])[-1])

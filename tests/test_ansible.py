@@ -177,6 +177,10 @@ def test_secrets(tmp_path) -> Path:
         "vault_grafana_influxdb_token": secrets.token_urlsafe(64),
         "vault_reverse_proxy_grafana_users": [{"username": "operator", "password_hash": _bcrypt_like()}],
         "vault_reverse_proxy_loki_users": [{"username": "node", "password_hash": _bcrypt_like()}],
+        **{
+            f"vault_victoriametrics_{name}_auth_key": secrets.token_hex(20)
+            for name in ("delete", "snapshot", "force_merge", "force_flush")
+        },
     }
     path = tmp_path / "secrets.json"
     path.write_text(json.dumps(values))
@@ -259,6 +263,8 @@ def test_site_renders_and_is_idempotent(name, tmp_path, test_secrets):
             "grafana"
         ]["environment"].items()
     )
+    assert "GF_SNAPSHOTS_EXTERNAL_ENABLED=false" in env.splitlines()
+    assert "GF_SECURITY_SECRET_KEY__FILE=/run/secrets/grafana_secret_key" in env.splitlines()
     # The audit shipper reads the files the Caddyfile writes and pushes where the proxy pushes, directly.
     alloy = (base / "edge_audit" / "conf" / "config.alloy").read_text()
     logged = re.findall(r"output file /var/log/caddy/(\S+) \{", caddyfile)
@@ -1339,3 +1345,10 @@ def test_node_tooling_adds_rotates_writes_credentials_and_revokes(tmp_path):
     refused = _nodes_play(inventory, "Miner 07", "add")
     assert refused.returncode != 0 and "Give NODE=<name>" in refused.stdout
     assert listed() == before
+
+
+def test_influxdb_preflight_refuses_an_operator_token_shorter_than_32_random_bytes(tmp_path):
+    # 42 characters of base64 hold 31.5 bytes; 43 hold 32.
+    short = _run_influxdb_preflight(tmp_path, influxdb_admin_token=secrets.token_urlsafe(32)[:42])
+    assert short.returncode != 0 and "43 characters or more" in short.stdout
+    _assert_ok(_run_influxdb_preflight(tmp_path, influxdb_admin_token=secrets.token_urlsafe(32)))

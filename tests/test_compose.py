@@ -43,11 +43,16 @@ SECRET_NAMES = (
     "influxdb_admin_password",
     "influxdb_admin_token",
     "grafana_admin_password",
+    "grafana_secret_key",
     "victoriametrics_node_token",
     "vmauth_metrics_auth_key",
     "vmauth_flags_auth_key",
     "vmauth_pprof_auth_key",
     "vmauth_reload_auth_key",
+    "victoriametrics_delete_auth_key",
+    "victoriametrics_snapshot_auth_key",
+    "victoriametrics_force_merge_auth_key",
+    "victoriametrics_force_flush_auth_key",
 )
 SECRETS = {name: secrets.token_hex(12) for name in SECRET_NAMES}
 # vmauth's configuration, which stack.sh renders from victoriametrics_node_token.
@@ -191,9 +196,12 @@ def test_compose_file_validates_and_uses_versions_env(config: dict[str, Any]) ->
 def test_no_secret_passes_through_a_container_environment(tmp_path: Path, config: dict[str, Any]) -> None:
     """`docker inspect` shows a container's environment: secrets come as files."""
     declared = config["secrets"]
-    assert set(declared) == {"influxdb_admin_password", "influxdb_admin_token", "grafana_admin_password"} | set(
-        OPTIONAL_SECRETS
-    )
+    assert set(declared) == {
+        "influxdb_admin_password",
+        "influxdb_admin_token",
+        "grafana_admin_password",
+        "grafana_secret_key",
+    } | set(OPTIONAL_SECRETS)
     for name, secret in declared.items():
         assert Path(secret["file"]) == tmp_path / "secrets" / name
     for service_name, service in config["services"].items():
@@ -211,6 +219,7 @@ def test_no_secret_passes_through_a_container_environment(tmp_path: Path, config
     }
     assert {s["source"] for s in config["services"]["grafana"]["secrets"]} == {
         "grafana_admin_password",
+        "grafana_secret_key",
         "alerting_webhook_url",
     }
     assert "secrets" not in config["services"]["loki"]
@@ -339,6 +348,11 @@ def test_grafana_is_locked_down_and_provisioned_from_the_repo(config: dict[str, 
     assert env["GF_USERS_ALLOW_SIGN_UP"] == "false"
     assert env["GF_SECURITY_ADMIN_PASSWORD__FILE"] == "/run/secrets/grafana_admin_password"
     assert "GF_SECURITY_ADMIN_PASSWORD" not in env
+    # Its own random secret_key (never Grafana's public default), and no publishing
+    # of snapshots to snapshots.raintank.io.
+    assert env["GF_SECURITY_SECRET_KEY__FILE"] == "/run/secrets/grafana_secret_key"
+    assert "GF_SECURITY_SECRET_KEY" not in env
+    assert env["GF_SNAPSHOTS_EXTERNAL_ENABLED"] == "false"
     by_target = {target: source for source, target in mounts(grafana)}
     assert Path(by_target["/etc/grafana/provisioning"]) == ROOT / "grafana" / "provisioning"
     assert Path(by_target["/etc/grafana/dashboards"]) == ROOT / "grafana" / "dashboards"
@@ -544,6 +558,8 @@ def test_env_file_and_secret_files_are_random_private_and_kept(tmp_path: Path) -
     assert stat.S_IMODE((secrets_dir / "influxdb_admin_password").stat().st_mode) == 0o600
     assert stat.S_IMODE((secrets_dir / "influxdb_admin_token").stat().st_mode) == 0o600
     assert stat.S_IMODE((secrets_dir / "grafana_admin_password").stat().st_mode) == 0o644
+    assert stat.S_IMODE((secrets_dir / "grafana_secret_key").stat().st_mode) == 0o644
+    assert len(values["grafana_secret_key"]) == 40
     # Only stack.sh reads the VictoriaMetrics node token; vmauth reads its configuration as root.
     assert stat.S_IMODE((secrets_dir / "victoriametrics_node_token").stat().st_mode) == 0o600
     assert stat.S_IMODE((secrets_dir / "vmauth_config").stat().st_mode) == 0o600
@@ -828,3 +844,16 @@ def test_grafana_read_token_reads_the_downsampled_copy_too(tmp_path: Path) -> No
     assert len(reads) == 1 and "--read-bucket bucket123 --read-bucket ds456" in reads[0]
     writes = [c for c in calls.read_text().splitlines() if c.startswith("auth create") and "--write-bucket" in c]
     assert "ds456" not in writes[0]
+
+
+def test_an_older_grafana_volume_keeps_the_key_its_secrets_were_encrypted_with(tmp_path: Path) -> None:
+    """A Grafana volume that exists without a secret_key file was set up with the built-in key."""
+    env = fake_engine(tmp_path)  # answers every call, `docker volume inspect` included
+    result = stack("up", tmp_path=tmp_path, STACK_TIMEOUT="0", **env)
+    assert (tmp_path / "secrets" / "grafana_secret_key").read_text() == "SW2YcwTIb9zpOOhoPsMm"
+    assert "predates its own secret_key" in result.stderr
+    # Without the volume (a new stack) the key is random.
+    other = tmp_path / "new"
+    other.mkdir()
+    assert stack("env", tmp_path=other).returncode == 0
+    assert (other / "secrets" / "grafana_secret_key").read_text() != "SW2YcwTIb9zpOOhoPsMm"

@@ -91,6 +91,13 @@ AUTH_KEY_FILES = {
     "pprofAuthKey": "vmauth_pprof_auth_key",
     "reloadAuthKey": "vmauth_reload_auth_key",
 }
+# VictoriaMetrics' own endpoint keys (docker-compose.victoriametrics.yml): flag, secret file.
+VM_KEY_FILES = {
+    "deleteAuthKey": "victoriametrics_delete_auth_key",
+    "snapshotAuthKey": "victoriametrics_snapshot_auth_key",
+    "forceMergeAuthKey": "victoriametrics_force_merge_auth_key",
+    "forceFlushAuthKey": "victoriametrics_force_flush_auth_key",
+}
 
 
 # Where Grafana's provisioning, dashboards and alert rules come from, per backend.
@@ -192,7 +199,10 @@ def test_victoriametrics_runs_confined_with_its_retention_and_only_vmauth_publis
     # Each of vmauth's own endpoints needs its key, which the flag reads from its secret file.
     for flag, name in AUTH_KEY_FILES.items():
         assert f"-{flag}=file:///run/secrets/{name}" in vmauth["command"], flag
-    assert "secrets" not in vm
+    # VictoriaMetrics reads only the keys of its delete, snapshot, merge and flush endpoints.
+    assert sorted(s["source"] for s in vm["secrets"]) == sorted(VM_KEY_FILES.values())
+    for flag, name in VM_KEY_FILES.items():
+        assert f"-{flag}=file:///run/secrets/{name}" in vm["command"], flag
     for name in ("victoriametrics", "vmauth"):
         test = services[name]["healthcheck"]["test"]
         assert test[0] == "CMD" and test[-1].endswith("/health"), name
@@ -391,14 +401,15 @@ def test_make_up_refuses_to_start_without_the_generated_grafana_files(tmp_path: 
 
 # An engine whose answers are enough for make backup and make restore to run through:
 # a container id for `compose ps -q <service>`, "healthy" for `docker inspect`, and
-# VictoriaMetrics' answer to /snapshot/create (app/vmstorage/main.go); every call is recorded.
+# the backup tool's answer to vm-snapshot-create (the name VictoriaMetrics gave the
+# snapshot, app/vmstorage/main.go); every call is recorded.
 RECORDING_DOCKER = """#!/bin/sh
 echo "$*" >>"$CALLS"
 case "$*" in
   *"ps -q "*) for last; do :; done; echo "cid-$last" ;;
   inspect*) echo healthy ;;
-  *snapshot/create*) printf '{"status":"ok","snapshot":"20261201015627-18ECFE821D04ABCB"}' ;;
-  *snapshot/delete*) printf '{"status":"ok"}' ;;
+  *vm-snapshot-create*) echo 20261201015627-18ECFE821D04ABCB ;;
+  *vm-snapshot-delete*) echo deleted ;;
 esac
 exit 0
 """
@@ -424,14 +435,25 @@ def test_make_up_refuses_a_malformed_retention_before_starting(tmp_path: Path) -
 
 def test_make_backup_on_victoriametrics_archives_a_snapshot(tmp_path: Path) -> None:
     env = recording_engine(tmp_path, "victoriametrics")
+    assert stack("env", tmp_path=tmp_path).returncode == 0  # the secrets `make up` writes
     result = stack("backup", tmp_path=tmp_path, STACK_BACKUP_DIR=str(tmp_path / "backups"), **env)
     assert result.returncode == 0, result.stderr
     calls = (tmp_path / "calls").read_text().splitlines()
     snapshot = "20261201015627-18ECFE821D04ABCB"
-    [create] = [i for i, c in enumerate(calls) if c.endswith("wget -qO- http://127.0.0.1:8428/snapshot/create")]
+    key = "/run/secrets/snapshot_auth_key"
+    with_key = f"--auth-key-file {key}"
+    [create] = [i for i, c in enumerate(calls) if c.endswith(f"vm-snapshot-create http://127.0.0.1:8428 {with_key}")]
     [archive] = [i for i, c in enumerate(calls) if "telemetry_backup.py snapshot /victoria-metrics-data/" in c]
-    [delete] = [i for i, c in enumerate(calls) if c.endswith(f"snapshot/delete?snapshot={snapshot}")]
+    [delete] = [
+        i for i, c in enumerate(calls) if c.endswith(f"vm-snapshot-delete http://127.0.0.1:8428 {snapshot} {with_key}")
+    ]
     assert create < archive < delete
+    # The snapshot key reaches the tool as a read-only file, never as an argument.
+    secret = (tmp_path / "secrets" / "victoriametrics_snapshot_auth_key").read_text()
+    for call in (calls[create], calls[delete]):
+        assert f"--volume {tmp_path}/secrets/victoriametrics_snapshot_auth_key:{key}:ro " in call
+        assert "--network container:cid-victoriametrics " in call
+    assert not any(secret in call for call in calls)
     assert calls[archive].startswith("run --rm --network none --volumes-from cid-victoriametrics ")
     archived = f"/victoria-metrics-data/snapshots/{snapshot} /backup/victoriametrics.tar.gz --follow-links"
     assert archived in calls[archive]
@@ -623,9 +645,15 @@ def victoriametrics_behind_vmauth(tmp_path: Path) -> Iterator[WritePath]:
         work = Path(tmp)
         # VictoriaMetrics: the compose command, with a local data path and a free loopback port.
         vm_flags = flag_values(services["victoriametrics"]["command"])
-        assert set(vm_flags) == {"storageDataPath", "retentionPeriod", "httpListenAddr"}
+        assert set(vm_flags) == {"storageDataPath", "retentionPeriod", "httpListenAddr", *VM_KEY_FILES}
         vm_port = free_port()
         vm_flags.update(storageDataPath=str(work / "data"), httpListenAddr=f"127.0.0.1:{vm_port}")
+        # Its endpoint keys (tests/test_victoriametrics_auth_keys.py), as for vmauth below.
+        vm_from_files = reads_flag_files(vm_binary)
+        for flag, name in VM_KEY_FILES.items():
+            assert vm_flags[flag] == f"file:///run/secrets/{name}"
+            secret = tmp_path / "secrets" / name
+            vm_flags[flag] = f"file://{secret}" if vm_from_files else secret.read_text()
         vm_url = f"http://127.0.0.1:{vm_port}"
         # vmauth: the compose command and stack.sh's configuration, which names the
         # compose service (victoriametrics:8428): here it is on loopback.

@@ -77,6 +77,13 @@ def test_molecule_cluster_scenario(tmp_path):
     assert re.search(r"\d+ passed", output), output[-OUTPUT_TAIL:]
 
 
+# The endpoint keys the role requires (its defaults), made for this run only.
+AUTH_KEYS = {
+    f"victoriametrics_{name}_auth_key": secrets.token_hex(20)
+    for name in ("delete", "snapshot", "force_merge", "force_flush")
+}
+
+
 def _converge(tmp_path: Path, storage_hosts: int, **variables) -> subprocess.CompletedProcess:
     """The role alone, in cluster mode, on `storage_hosts` hosts rendered on this machine."""
     hosts = {f"vm-{n}": {"telemetry_private_address": f"192.0.2.{50 + n}"} for n in range(1, storage_hosts + 1)}
@@ -98,7 +105,8 @@ def _converge(tmp_path: Path, storage_hosts: int, **variables) -> subprocess.Com
         "- name: Converge\n  hosts: vmstorage\n  gather_facts: false\n  roles:\n    - role: victoriametrics\n"
     )
     extra = tmp_path / "vars.json"
-    extra.write_text(json.dumps(variables))
+    extra.write_text(json.dumps({**AUTH_KEYS, **variables}))
+    extra.chmod(0o600)
     return _run(
         ["ansible-playbook", "-i", str(tmp_path / "hosts.yml"), "-e", f"@{extra}", str(playbook)],
         env=_env(ANSIBLE_ROLES_PATH=str(ROLE.parent)),
@@ -429,6 +437,7 @@ def _vault_values() -> dict:
     return {
         "vault_grafana_admin_password": secrets.token_urlsafe(24),
         "vault_grafana_secret_key": secrets.token_urlsafe(32),
+        **{f"vault_{name}": value for name, value in AUTH_KEYS.items()},
         "vault_reverse_proxy_grafana_users": [
             {"username": "operator", "password_hash": "$2b$12$" + "".join(secrets.choice(alphabet) for _ in range(53))}
         ],
@@ -577,11 +586,11 @@ def test_proxy_balances_grafanas_reads_over_the_vmselect_hosts(cluster_site):
     assert f"reverse_proxy {' '.join(CLUSTER[h] + ':8481' for h in SELECT)} {{" in route
     for line in ("lb_policy round_robin", "health_uri /health", "health_status 200", "respond 404"):
         assert line in route, line
-    # Internal only: the proxy publishes 80 and 443, nothing else.
+    # Internal only: the proxy publishes 80 and 443 (to Caddy's 8080 and 8443), nothing else.
     compose = yaml.safe_load(
         (cluster_site / PROXY_HOST / "opt/telemetry/reverse_proxy/container.compose.yml").read_text()
     )
-    assert [port.rsplit(":", 1)[1] for port in compose["services"]["caddy"]["ports"]] == ["80", "443"]
+    assert [port.split(":")[-2] for port in compose["services"]["caddy"]["ports"]] == ["80", "443"]
 
 
 @pytest.mark.timeout(1800)

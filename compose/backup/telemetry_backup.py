@@ -14,6 +14,9 @@ container next to the local stack's volumes (compose/stack.sh). Subcommands:
                              VictoriaMetrics snapshot is links to its parts)
   restore-snapshot ARCHIVE DIR   replace the contents of DIR with an archive
   flush URL                  ask Loki to write its in-memory chunks (POST /flush)
+  vm-snapshot-create URL     a VictoriaMetrics snapshot (/snapshot/create); prints its name
+  vm-snapshot-delete URL NAME    delete it (/snapshot/delete); both send the key of
+                             -snapshotAuthKey from --auth-key-file in the POST body
   prune DIR --keep N         keep the N newest backup sets (named by stamp)
   stamp                      print a new backup-set name (UTC, sortable)
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import re
 import shutil
@@ -32,6 +36,7 @@ import sys
 import tarfile
 import tempfile
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -200,6 +205,39 @@ def flush(url: str, timeout: float = 120.0) -> None:
         raise BackupError(f"Loki at {url} answered the flush with HTTP {status}")
 
 
+def victoriametrics_snapshot(
+    url: str, action: str, key_file: Path | None = None, name: str = "", timeout: float = 600.0
+) -> str:
+    """POST /snapshot/<action> (create or delete) and return the snapshot's name.
+
+    The key of -snapshotAuthKey goes in the form body, which VictoriaMetrics reads
+    as the authKey argument (lib/httpserver/httpserver.go, CheckAuthFlag): never
+    in a URL or on a command line, where logs and `ps` would show it.
+    """
+    form = {"snapshot": name} if name else {}
+    if key_file is not None:
+        form["authKey"] = key_file.read_text().strip()
+    request = urllib.request.Request(
+        f"{url.rstrip('/')}/snapshot/{action}", method="POST", data=urllib.parse.urlencode(form).encode()
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            body = response.read()
+    except urllib.error.HTTPError as error:
+        detail = error.read().decode(errors="replace").strip()[:200]
+        refused = f"VictoriaMetrics at {url} refused /snapshot/{action} (HTTP {error.code})"
+        raise BackupError(f"{refused}: {detail}") from error
+    except OSError as error:
+        raise BackupError(f"VictoriaMetrics at {url} did not answer /snapshot/{action}: {error}") from error
+    try:
+        answer = json.loads(body)
+    except ValueError as error:
+        raise BackupError(f"VictoriaMetrics at {url} answered /snapshot/{action} with {body[:200]!r}") from error
+    if answer.get("status") != "ok":
+        raise BackupError(f"VictoriaMetrics at {url} did not {action} the snapshot: {answer}")
+    return str(answer.get("snapshot") or name)
+
+
 def prune(directory: Path, keep: int) -> list[Path]:
     """Delete all but the `keep` newest backup sets; only stamp-named entries are touched."""
     if keep < 1:
@@ -248,6 +286,14 @@ def main(argv: list[str] | None = None) -> int:
     command.add_argument("--owner", type=_owner, help=owner_help)
     command = commands.add_parser("flush")
     command.add_argument("url")
+    key_help = "the file holding VictoriaMetrics' -snapshotAuthKey"
+    command = commands.add_parser("vm-snapshot-create")
+    command.add_argument("url")
+    command.add_argument("--auth-key-file", type=Path, help=key_help)
+    command = commands.add_parser("vm-snapshot-delete")
+    command.add_argument("url")
+    command.add_argument("name")
+    command.add_argument("--auth-key-file", type=Path, help=key_help)
     command = commands.add_parser("prune")
     command.add_argument("directory", type=Path)
     command.add_argument("--keep", type=int, required=True)
@@ -273,6 +319,10 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "flush":
             flush(args.url)
             print(f"flushed {args.url}")
+        elif args.command == "vm-snapshot-create":
+            print(victoriametrics_snapshot(args.url, "create", args.auth_key_file))
+        elif args.command == "vm-snapshot-delete":
+            print(f"deleted snapshot {victoriametrics_snapshot(args.url, 'delete', args.auth_key_file, args.name)}")
         elif args.command == "prune":
             for path in prune(args.directory, args.keep):
                 print(f"removed {path}")

@@ -86,6 +86,7 @@ def test_container_reads_the_logs_read_only_and_keeps_its_positions(host):
     assert mounts["/var/lib/alloy/data"]["read_only"] is False
     assert service["ports"] == ["127.0.0.1:12345:12345"]
     assert service["cap_drop"] == ["ALL"] and service["security_opt"] == ["no-new-privileges:true"]
+    assert service["cap_add"] == ["DAC_READ_SEARCH"]  # reads Caddy's user's log files
     result = subprocess.run(
         ["docker-compose", "-f", DIR + "/container.compose.yml", "config", "--quiet"],
         capture_output=True,

@@ -85,6 +85,7 @@ def test_environment_holds_the_settings(host):
     assert env["GF_SECURITY_COOKIE_SECURE"] == "true"
     assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
     assert env["GF_USERS_ALLOW_SIGN_UP"] == "false"
+    assert env["GF_SNAPSHOTS_EXTERNAL_ENABLED"] == "false"
     assert env["INFLUXDB_URL"] == "http://influxdb:8086"
     assert env["LOKI_URL"] == "http://loki:3100"
     # Every listed node's Loki tenant (its uid, else its name), the edge's and the operator login's.

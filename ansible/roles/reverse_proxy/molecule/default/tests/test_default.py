@@ -38,15 +38,27 @@ NODES = ("miner-01", "validator-01")
 
 def test_private_files(host):
     secrets = [f"/secrets/nodes/{node}.loki-password" for node in NODES]
-    for path in ("/conf/Caddyfile", "/conf/certs/cert.pem", "/conf/certs/key.pem", *secrets):
+    # What Caddy reads or writes is its user's (10006); the nodes' passwords stay root's.
+    caddy = ("/conf/Caddyfile", "/conf/certs/cert.pem", "/conf/certs/key.pem")
+    for path in (*caddy, *secrets):
         secret = host.file(DIR + path)
         assert secret.is_file, path
         assert secret.mode == 0o600, path
-        assert secret.user == "root", path
-    for path in ("/conf", "/conf/certs", "/data", "/config", "/secrets", "/secrets/nodes", "/secrets/nodes/retiring"):
+        assert secret.uid == (10006 if path in caddy else 0), path
+    for path in (
+        "/conf",
+        "/conf/certs",
+        "/data",
+        "/config",
+        "/logs",
+        "/secrets",
+        "/secrets/nodes",
+        "/secrets/nodes/retiring",
+    ):
         directory = host.file(DIR + path)
         assert directory.is_directory
         assert directory.mode == 0o700
+        assert directory.uid == (0 if path.startswith("/secrets") else 10006), path
 
 
 def test_certificate_is_the_one_given(host):
@@ -132,7 +144,12 @@ def test_container_definition(host):
     service = compose["services"]["caddy"]
     pinned = _pinned("CADDY_IMAGE")
     assert service["image"] == (pinned or "caddy:not-pinned-in-versions-env")
-    assert service["ports"] == ["0.0.0.0:80:80", "0.0.0.0:443:443"]
+    assert service["ports"] == ["0.0.0.0:80:8080", "0.0.0.0:443:8443"]
+    # Confined: its own user, no capability in effect, read-only, limited.
+    assert service["user"] == "10006:10006"
+    assert service["cap_drop"] == ["ALL"] and service["cap_add"] == ["NET_BIND_SERVICE"]
+    assert service["security_opt"] == ["no-new-privileges:true"] and service["read_only"] is True
+    assert service["mem_limit"] == "512m" and service["pids_limit"] == 512
     mounts = {m["target"]: m for m in service["volumes"]}
     # The directory, not the file: the template module writes a new file (a
     # new inode) that a single-file bind mount would never show the container.

@@ -107,7 +107,10 @@ def test_images_hardening_and_data_directories(host):
             assert service["healthcheck"]["test"][-1].endswith("/health")
             for mount in service["volumes"]:
                 directory = host.file(mount["source"])
-                assert directory.is_directory and directory.uid == 10005 and directory.mode == 0o750
+                # Data directories 0750; the service's own endpoint keys 0700, mounted read-only.
+                keys = mount["target"] == "/run/secrets"
+                assert directory.is_directory and directory.uid == 10005
+                assert directory.mode == (0o700 if keys else 0o750) and (mount["read_only"] or not keys)
         result = subprocess.run(
             ["docker-compose", "-f", str(_dir(name) / "vmstorage.compose.yml"), "config", "--quiet"],
             capture_output=True,

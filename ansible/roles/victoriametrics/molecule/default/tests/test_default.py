@@ -39,6 +39,11 @@ def test_flags_retention_and_loopback_port(host):
         # No node listed in the scenario: the floor of the series caps (victoriametrics_min_series), a day 4x.
         "-storage.maxHourlySeries=100000",
         "-storage.maxDailySeries=400000",
+        # The endpoint keys, each read from its file (defaults/main.yml).
+        "-deleteAuthKey=file:///run/secrets/delete_auth_key",
+        "-snapshotAuthKey=file:///run/secrets/snapshot_auth_key",
+        "-forceMergeAuthKey=file:///run/secrets/force_merge_auth_key",
+        "-forceFlushAuthKey=file:///run/secrets/force_flush_auth_key",
     ]
     assert service["ports"] == ["127.0.0.1:8428:8428"]
 
@@ -51,10 +56,20 @@ def test_container_is_confined_and_owns_its_data(host):
     assert service["stop_grace_period"] == "60s"
     assert service["healthcheck"]["test"] == ["CMD", "wget", "-q", "-O", "/dev/null", "http://127.0.0.1:8428/health"]
     mounts = {m["target"]: m["source"] for m in service["volumes"]}
-    assert mounts == {"/storage": DIR + "/data", "/cache": DIR + "/cache"}
-    for source in mounts.values():
+    assert mounts == {
+        "/storage": DIR + "/data",
+        "/cache": DIR + "/cache",
+        "/run/secrets": DIR + "/secrets/victoriametrics",
+    }
+    for target, source in mounts.items():
         directory = host.file(source)
-        assert directory.is_directory and directory.uid == 10005 and directory.mode == 0o750
+        assert directory.is_directory and directory.uid == 10005
+        assert directory.mode == (0o700 if target == "/run/secrets" else 0o750)
+    # The endpoint keys: one file each, the service's user's only, named by its flags.
+    for name in ("delete", "snapshot", "force_merge", "force_flush"):
+        key = host.file(f"{DIR}/secrets/victoriametrics/{name}_auth_key")
+        assert key.uid == 10005 and key.mode == 0o400 and len(key.content_string) >= 32
+        assert f"file:///run/secrets/{name}_auth_key" in " ".join(service["command"])
 
 
 def test_compose_definition_is_valid(host):
