@@ -232,7 +232,7 @@ class Channel:
         self._intake_limit = self.settings.max_items  # records the intake may hold (see _update_intake_limit)
         self._in_flight: _Batch | None = None  # the batch whose request the sender is making
         self._in_flight_since = 0.0  # when that request started (monotonic)
-        self._answering = True  # no failure since the last delivery, or since the start (see `_spared`)
+        self._answering = False  # a delivery, and no failure since (see `_spared`)
         self._unconfirmed_batch: _Batch | None = None  # the one close() counted unconfirmed, until answered
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -387,14 +387,11 @@ class Channel:
         milliseconds, so callers that log faster than the sender can encode (busy
         threads share one interpreter) lose their oldest records before any work is
         spent on them, and the sender's share is delivered. Otherwise (an outage, a
-        hang) the oldest data goes, encoded or not, except the batch about to be sent
-        when an attempt is due: without it a full intake would leave nothing to send.
+        hang) the oldest data goes, encoded or not.
         """
         pinned = 0 if self._pinned() is None else 1
         if self._keeping_up(now):
             return min(len(self._backlog), pinned + 1), True
-        if not pinned and now >= self._next_attempt:
-            return min(len(self._backlog), 1), False
         return pinned, False
 
     def _pop_droppable(self, spared: int) -> _Batch | None:
@@ -508,10 +505,13 @@ class Channel:
             for key, partial in list(self._partials.items()):
                 if self._flush_requested or now - partial.created >= self.settings.flush_interval:
                     self._seal_partial(key)
-            self._enforce_bounds(now)
             self._changed.notify_all()
+        # The bounds are enforced after the attempt that is due: before it, callers that
+        # fill the intake would make every batch just sealed the oldest data, and leave
+        # nothing to send. If the attempt fails, the oldest is dropped all the same.
         sent_any = self._send_due(deadline)
         with self._lock:
+            self._enforce_bounds(time.monotonic())
             self._changed.notify_all()
             if self._intake:
                 return 0.0
