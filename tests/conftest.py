@@ -90,6 +90,7 @@ def pytest_configure(config: pytest.Config) -> None:
     os.fork = _guarded_fork
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Group each module's tests for pytest-xdist's `--dist loadgroup` (see the module docstring)."""
     for item in items:
