@@ -613,8 +613,12 @@ class Channel:
         if not self._intake:
             return False
         with self._lock:
-            if len(self._backlog) > 1 and self._keeping_up(time.monotonic()):
-                return False  # the next batch is ready: more would be dropped before it could be sent
+            if (
+                len(self._backlog) > 1
+                and len(self._intake) >= self._intake_limit
+                and self._keeping_up(time.monotonic())
+            ):
+                return False  # the next batch is ready and the buffer full: more would be dropped before it is sent
             self._encode_intake(OVERLAP_CHUNK)
             self._enforce_bounds(time.monotonic())
         return True
