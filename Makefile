@@ -36,6 +36,7 @@ lint:
 bench:
 	$(PYTHON) bench/bench_log_caller.py
 	$(PYTHON) bench/bench_throughput.py
+	$(PYTHON) bench/bench_busy_threads.py
 	$(PYTHON) bench/bench_outage_memory.py
 	$(PYTHON) bench/bench_outage_recovery.py
 	$(PYTHON) bench/bench_log_stalls.py
