@@ -361,6 +361,9 @@ class LokiReceiver:
 
     def start(self) -> LokiReceiver:
         """Listen (on a free port the first time, on the same port after `refuse()`)."""
+        placeholder, self._placeholder = getattr(self, "_placeholder", None), None
+        if placeholder is not None:
+            placeholder.close()
         server = ThreadingHTTPServer(("127.0.0.1", self.port), _Handler)
         server.daemon_threads = True
         server.block_on_close = False
@@ -385,8 +388,16 @@ class LokiReceiver:
                 conn.shutdown(socket.SHUT_RDWR)
 
     def refuse(self) -> None:
-        """Outage: connections are refused until `resume()`."""
+        """Outage: connections are refused until `resume()`.
+
+        The port stays bound, without listening, so that no other server (another
+        test worker's) can take it meanwhile: a connection to it is still refused.
+        """
         self.stop()
+        placeholder = socket.socket()
+        placeholder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        placeholder.bind(("127.0.0.1", self.port))
+        self._placeholder = placeholder
 
     def resume(self) -> None:
         """End an outage: listen again on the same port."""
@@ -397,6 +408,9 @@ class LokiReceiver:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+        placeholder, self._placeholder = getattr(self, "_placeholder", None), None
+        if placeholder is not None:
+            placeholder.close()
 
     @property
     def base_url(self) -> str:
