@@ -92,6 +92,11 @@ class Query:
     text: str  # InfluxQL or LogQL as written in the dashboard, before interpolation
     instant: bool = False
     table: bool = False
+    # A Loki target's maxLines: Grafana sends it as the query's `limit`, and the
+    # data source's default (1,000) where the target sets none (grafana/grafana
+    # pkg/tsdb/loki/api.go makeDataRequest; public/app/plugins/datasource/loki/
+    # datasource.ts DEFAULT_MAX_LINES).
+    max_lines: int | None = None
 
     @property
     def where(self) -> str:
@@ -131,6 +136,7 @@ def panel_queries(dashboard: Dashboard, datasources: Mapping[str, str] | None = 
                 text=_target_text(target),
                 instant=target.get("queryType") == "instant" or bool(target.get("instant")),
                 table=target.get("resultFormat") == "table" or target.get("format") == "table",
+                max_lines=int(target["maxLines"]) if target.get("maxLines") else None,
             )
 
 

@@ -34,6 +34,9 @@ from simulator.grafana_api import GrafanaClient, GrafanaError, frame_values
 
 OK, EMPTY, ERROR, SKIPPED = "OK", "EMPTY", "ERROR", "SKIPPED"
 MAX_DATA_POINTS = 1000
+# The Loki data source's lines per query where neither the target nor the data
+# source sets maxLines (grafana/grafana public/app/plugins/datasource/loki/datasource.ts).
+LOKI_DEFAULT_MAX_LINES = 1000
 # Grafana's own macros: left in place when Grafana runs the query (its backend fills them in).
 GRAFANA_MACROS = re.compile(
     r"\$(?:\{)?(timeFilter|__timeFilter|__interval_ms|__interval|interval|__range_ms|__range_s|__range"
@@ -172,7 +175,10 @@ class LokiQL:
     url: str
     headers: tuple[tuple[str, str], ...] = ()
     timeout: float = 60.0
-    max_lines: int = 1000
+    # Lines per query where the target sets no maxLines: the Loki data source's
+    # default (grafana/grafana public/app/plugins/datasource/loki/datasource.ts,
+    # DEFAULT_MAX_LINES); a target's own maxLines wins (dash.Query.max_lines).
+    max_lines: int = LOKI_DEFAULT_MAX_LINES
 
     def _get(self, path: str, params: dict[str, str]) -> Any:
         url = f"{self.url}{path}?{urllib.parse.urlencode(params)}"
@@ -187,8 +193,9 @@ class LokiQL:
             raise RuntimeError(str(payload.get("error") or payload))
         return payload.get("data")
 
-    def instant(self, expr: str, at_ns: int) -> Any:
-        return self._get("/loki/api/v1/query", {"query": expr, "time": str(at_ns), "limit": str(self.max_lines)})
+    def instant(self, expr: str, at_ns: int, max_lines: int | None = None) -> Any:
+        limit = str(max_lines or self.max_lines)
+        return self._get("/loki/api/v1/query", {"query": expr, "time": str(at_ns), "limit": limit})
 
     def run(self, query: dash.Query, text: str, window: dash.TimeRange, interval: timedelta) -> Outcome:
         start_ns, end_ns = window.start_ms * 1_000_000, window.end_ms * 1_000_000
@@ -202,14 +209,14 @@ class LokiQL:
                 data = self._get(f"/loki/api/v1/label/{label}/values", params) or []
                 return Outcome(OK if data else EMPTY, "" if data else "no label values", 1, len(data))
             if query.instant:
-                data = self.instant(text, end_ns)
+                data = self.instant(text, end_ns, query.max_lines)
             else:
                 params = {
                     "query": text,
                     "start": str(start_ns),
                     "end": str(end_ns),
                     "step": f"{max(interval.total_seconds(), 0.001):g}s",
-                    "limit": str(self.max_lines),
+                    "limit": str(query.max_lines or self.max_lines),
                     "direction": "backward",
                 }
                 data = self._get("/loki/api/v1/query_range", params)
@@ -262,7 +269,9 @@ class ThroughGrafana:
         elif query.datasource_type == "loki":
             if _label_values_call(text) is not None:
                 return Outcome(SKIPPED, "Loki variables are resolved by Grafana's resource API, not /api/ds/query")
-            target.update({"expr": text, "queryType": "instant" if query.instant else "range", "maxLines": 1000})
+            target.update({"expr": text, "queryType": "instant" if query.instant else "range"})
+            # Grafana's front end fills in the data source's default where a target has none.
+            target["maxLines"] = query.max_lines or LOKI_DEFAULT_MAX_LINES
         elif query.datasource_type == "prometheus":
             if query.source == "variable":
                 return Outcome(SKIPPED, "Prometheus variables are resolved by Grafana's resource API, not ds/query")

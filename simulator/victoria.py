@@ -146,10 +146,13 @@ class PromQL:
     def flush(self) -> bool:
         """Make just-written samples searchable now, where the server offers it (a single node does).
 
-        A cluster's vmselect has no such handler: its vmstorage nodes make samples
-        searchable within about a second by themselves, so a refusal is no error.
+        A cluster's vmselect has no such handler (v1.136.0-cluster refuses the path
+        and logs a warning each time), so a cluster is not asked: its vmstorage nodes make samples searchable within
+        about a second by themselves.
         """
-        base = self.url.split("/select/", 1)[0]
+        if "/select/" in self.url:
+            return False
+        base = self.url
         # The key goes in the form body (VictoriaMetrics reads authKey there too), not the URL.
         form = {"authKey": self.flush_key} if self.flush_key else None
         try:

@@ -72,6 +72,8 @@ from simulator import dashboards as dash
 
 _RELATIVE = re.compile(r"^now(?:-(\d+)([smhdw]))?$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+# Lines a Loki query returns when it names no limit (grafana/loki pkg/loghttp/params.go).
+LOKI_DEFAULT_QUERY_LIMIT = 100
 
 
 @dataclass(frozen=True)
@@ -261,9 +263,11 @@ class GrafanaReceiver:
             step = None if instant else interval.total_seconds()
             start_ns, end_ns = window.start_ms * 1_000_000, window.end_ms * 1_000_000
             view = tenant_view(source.receiver, source.org_id)
-            data = logql_query(
-                executed, source.receiver.entries, start_ns, end_ns, step, int(query.get("maxLines") or 1000), view
-            )
+            # Grafana's backend sends maxLines as `limit`, and no limit when the query has
+            # none (grafana/grafana pkg/tsdb/loki/api.go makeDataRequest); Loki then
+            # returns 100 lines (grafana/loki pkg/loghttp/params.go defaultQueryLimit).
+            limit = int(query.get("maxLines") or LOKI_DEFAULT_QUERY_LIMIT)
+            data = logql_query(executed, source.receiver.entries, start_ns, end_ns, step, limit, view)
         except TenantError as exc:
             return self._error(ref_id, uid, raw, raw, str(exc))
         except (KeyError, LogQLError, re.error) as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -14,7 +15,7 @@ import pytest
 
 from simulator import dashboards as dash
 from simulator import fleet as fl
-from simulator import load, values
+from simulator import load, values, victoria
 from simulator import report as rp
 from simulator import signals as sg
 from simulator import validate as vd
@@ -641,3 +642,38 @@ def test_logql_evaluator_counts_groups_and_filters() -> None:
         logql_query('sum(count_over_time({environment="net"} [20x]))', entries, end, end, None)
     with pytest.raises(LogQLError):
         logql_query("sum by (level (", entries, end, end, None)
+
+
+def test_log_panels_are_fetched_with_their_own_line_count(monkeypatch):
+    """Grafana sends a target's maxLines as Loki's `limit`, and the data source's default where it has none."""
+    dashboard = json.loads((dash.DASHBOARDS_DIR / "logs.json").read_text())
+    with_lines = [q for q in dash.panel_queries(dashboard) if q.max_lines]
+    assert with_lines and {q.max_lines for q in with_lines} == {250}, "the Logs panels set maxLines 250"
+    asked: list[str] = []
+
+    def fake_http(url, data, headers, timeout):
+        asked.append(url)
+        return 200, b'{"status":"success","data":{"resultType":"streams","result":[]}}'
+
+    monkeypatch.setattr(vd, "_http", fake_http)
+    window = dash.TimeRange.last(timedelta(hours=1))
+    loki = vd.LokiQL("http://loki.invalid")
+    for query in (with_lines[0], dataclasses.replace(with_lines[0], max_lines=None)):
+        loki.run(query, query.text, window, timedelta(seconds=10))
+    assert "limit=250" in asked[0]
+    assert f"limit={vd.LOKI_DEFAULT_MAX_LINES}" in asked[1]
+
+
+def test_the_count_step_asks_only_a_single_node_to_flush(monkeypatch):
+    """A cluster's vmselect has no /internal/force_flush: asking it only adds a warning to its log."""
+    asked: list[str] = []
+
+    def fake_http(url, data, headers, timeout):
+        asked.append(url)
+        return 200, b""
+
+    monkeypatch.setattr(victoria, "_http", fake_http)
+    assert victoria.PromQL("http://vmselect.invalid:8481/select/0/prometheus").flush() is False
+    assert asked == []
+    assert victoria.PromQL("http://victoria.invalid:8428").flush() is True
+    assert asked == ["http://victoria.invalid:8428/internal/force_flush"]
