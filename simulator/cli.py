@@ -601,7 +601,12 @@ def execute(args: argparse.Namespace, line_counter: LineCounter | None = None) -
     stack = resolve_stack(args)
     if stack.victoria_url:
         check_reachable(f"{stack.victoria_url}/api/v1/labels", "VictoriaMetrics")
-    check_reachable(f"{stack.influx_url}/ping", "InfluxDB" if stack.backend == "influxdb" else "the metrics write URL")
+    if stack.backend == "influxdb":
+        check_reachable(f"{stack.influx_url}/ping", "InfluxDB")
+    else:
+        # Every VictoriaMetrics server answers /health at its root (lib/httpserver/httpserver.go);
+        # a cluster's vminsert knows no /insert/<tenant>/influx/ping and logs each such request.
+        check_reachable(f"{stack.influx_url.split('/insert/', 1)[0]}/health", "the metrics write URL")
     args.dashboards = args.dashboards or DASHBOARD_DIRS[stack.backend]
     args.alerting = args.alerting or al.ALERTING_DIRS[stack.backend]
     if not args.no_validate and not args.dashboards.is_dir():

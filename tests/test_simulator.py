@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from simulator import cli, load, values, victoria
 from simulator import dashboards as dash
 from simulator import fleet as fl
-from simulator import load, values, victoria
 from simulator import report as rp
 from simulator import signals as sg
 from simulator import validate as vd
@@ -677,3 +677,32 @@ def test_the_count_step_asks_only_a_single_node_to_flush(monkeypatch):
     assert asked == []
     assert victoria.PromQL("http://victoria.invalid:8428").flush() is True
     assert asked == ["http://victoria.invalid:8428/internal/force_flush"]
+
+
+@pytest.mark.parametrize(
+    ("write_url", "checked"),
+    [
+        ("http://vminsert.invalid:8480/insert/0/influx", "http://vminsert.invalid:8480/health"),
+        ("http://victoria.invalid:8428", "http://victoria.invalid:8428/health"),
+    ],
+)
+def test_the_victoriametrics_write_url_is_checked_at_its_health_endpoint(monkeypatch, write_url, checked):
+    """A cluster's vminsert knows no /insert/<tenant>/influx/ping: it answers 400 and logs every one."""
+    seen: list[str] = []
+
+    def fake_check(url: str, what: str) -> None:
+        seen.append(url)
+        if len(seen) == 2:
+            raise UsageError("stop here")
+
+    monkeypatch.setattr(cli, "check_reachable", fake_check)
+    monkeypatch.setenv("INFLUXDB_TOKEN", "unchecked")
+    argv = [
+        "--metrics-backend",
+        "victoriametrics",
+        "--victoriametrics-url",
+        "http://vmselect.invalid:8481/select/0/prometheus",
+    ]
+    with pytest.raises(UsageError):
+        cli.execute(build_parser().parse_args([*argv, "--influxdb-url", write_url]))
+    assert seen[1] == checked
