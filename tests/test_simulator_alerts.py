@@ -72,7 +72,7 @@ def _with_loki(metrics: list[str], sources: dict[str, Any]) -> Iterator[list[str
     with production_loki() as loki:
         sources = {
             **sources,
-            "loki": LokiSource(loki, min_interval=timedelta(seconds=1), org_id=SIMULATED_FLEET_ORG_ID),
+            "loki": LokiSource(loki, org_id=SIMULATED_FLEET_ORG_ID),
         }
         with GrafanaReceiver(sources, token="glsa_test_token") as grafana:
             yield [*metrics, "--loki-url", loki.base_url, "--loki-query-url", grafana.url]
@@ -152,6 +152,14 @@ def test_every_node_fault_at_once_fires_exactly_its_rule_on_its_node(stack: list
     assert node["telemetry-host-memory-high"] == node["telemetry-host-disk-high"] == {"7"}
     assert node["telemetry-client-drops"] == {"8"}
     assert node["telemetry-log-errors"] == {"9"}
+    # The notification policy groups by network: every node's alert names its network.
+    unsplit = [
+        uid
+        for uid, a in alerts.items()
+        for i in a["instances"]
+        if "uid" in i["labels"] and not i["labels"].get("network")
+    ]
+    assert unsplit == []
     # The drops fault's none_value drops are expected, not lost records.
     assert report["fleet"]["metrics"]["dropped_by_reason"]["none_value"] > 0
     assert report["summary"]["client_drops"] == {} and report["summary"]["lost"] == 0
@@ -278,7 +286,7 @@ def test_with_a_tenant_per_node_every_log_query_and_the_log_rule_read_every_tena
     with production_loki() as loki:
         sources = {
             "influxdb": InfluxSource(server.url, database, min_interval=timedelta(seconds=1)),
-            "loki": LokiSource(loki, min_interval=timedelta(seconds=1), org_id=SIMULATED_FLEET_ORG_ID),
+            "loki": LokiSource(loki, org_id=SIMULATED_FLEET_ORG_ID),
         }
         with GrafanaReceiver(sources, token="glsa_test_token") as grafana:
             stack = [*metrics, "--loki-url", loki.base_url, "--loki-query-url", grafana.url]

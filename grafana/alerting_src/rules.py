@@ -237,6 +237,17 @@ def client_drops() -> Rule:
 
 
 ERROR_LINES = '{environment=~".+", level=~"error|critical"}'
+
+
+def network_from_environment(expr: str) -> str:
+    """The log lines' `environment` label as `network`, the label the notification policy groups by.
+
+    The logging handler names the network `environment` in Loki; the metrics rules carry
+    `network`, so without this a log alert of one network is grouped with every other's.
+    """
+    return f'label_replace({expr}, "network", "$1", "environment", "(.*)")'
+
+
 ALL_LINES = '{environment=~".+"}'
 
 
@@ -244,12 +255,13 @@ def log_errors_above_baseline() -> Rule:
     recent = TimeRange("ALERT_LOG_ERRORS_WINDOW_SECONDS")
     baseline = TimeRange("ALERT_LOG_ERRORS_BASELINE_SECONDS", "ALERT_LOG_ERRORS_WINDOW_SECONDS")
     window, before = "${ALERT_LOG_ERRORS_WINDOW_SECONDS}", "${ALERT_LOG_ERRORS_BASELINE_SECONDS}"
+    recent_errors = f"count_over_time({ERROR_LINES} [$__range])"
     return Rule(
         uid="telemetry-log-errors",
         title="Error logs above baseline",
         summary="Node {{ .Labels.uid }} ({{ .Labels.role }}) logs errors far above the baseline",
         description=(
-            "Node {{ .Labels.uid }} ({{ .Labels.role }}, environment {{ .Labels.environment }}) logged "
+            "Node {{ .Labels.uid }} ({{ .Labels.role }}, network {{ .Labels.network }}) logged "
             '{{ (index .Values "D").Value }} error and critical lines in the last ALERT_LOG_ERRORS_WINDOW_SECONDS '
             "seconds: more than ALERT_LOG_ERRORS_RATIO times what a node of the fleet logged in as long "
             "before (baseline window ALERT_LOG_ERRORS_BASELINE_SECONDS), and at least ALERT_LOG_ERRORS_MIN."
@@ -260,7 +272,7 @@ def log_errors_above_baseline() -> Rule:
             # a node cannot spread its errors over uids it writes, nor raise the node count.
             loki_query(
                 "A",
-                f"sum by (environment, role, uid) ({uid_from_tenant(f'count_over_time({ERROR_LINES} [$__range])')})",
+                f"sum by (network, role, uid) ({network_from_environment(uid_from_tenant(recent_errors))})",
                 recent,
             ),
             loki_query("B", f"sum(count_over_time({ERROR_LINES} [$__range]))", baseline),
