@@ -99,7 +99,6 @@ class LokiSource:
     """A provisioned Loki data source, answered from what a LokiReceiver accepted."""
 
     receiver: Any  # tests/loki_receiver.LokiReceiver
-    min_interval: timedelta = timedelta(seconds=1)
     type: str = "loki"
     # The provisioned X-Scope-OrgID (httpHeaderName1/httpHeaderValue1): tenants joined by "|".
     org_id: str | None = None
@@ -254,13 +253,16 @@ class GrafanaReceiver:
         self, ref_id: str, uid: str, source: LokiSource, query: dict[str, Any], window: dash.TimeRange
     ) -> dict[str, Any]:
         raw = str(query.get("expr") or "")
-        max_points = int(query.get("maxDataPoints") or 1000)
-        floor = max(source.min_interval, timedelta(milliseconds=int(query.get("intervalMs") or 0)))
-        interval = dash.auto_interval(window, max_points, floor)
+        # Grafana's Loki backend takes the interval the request names (intervalMs, 1 s when
+        # absent: grafana/grafana pkg/services/query/query.go parseMetricRequest) as it is,
+        # with no minimum; the step is that interval, at least range / 11,000, rounded up
+        # to the millisecond (pkg/tsdb/loki/step.go calculateStep).
+        interval = timedelta(milliseconds=int(query.get("intervalMs") or 1000))
         try:
             executed = dash.expand_logql(raw, window, {}, interval=interval)
             instant = query.get("queryType") == "instant"
-            step = None if instant else interval.total_seconds()
+            step_ms = math.ceil(max(interval, window.duration / 11000) / timedelta(milliseconds=1))
+            step = None if instant else step_ms / 1000
             start_ns, end_ns = window.start_ms * 1_000_000, window.end_ms * 1_000_000
             view = tenant_view(source.receiver, source.org_id)
             # Grafana's backend sends maxLines as `limit`, and no limit when the query has

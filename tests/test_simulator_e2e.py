@@ -240,7 +240,7 @@ def grafana(influx_db: tuple[InfluxV1, str], loki: LokiReceiver) -> Iterator[Gra
     server, database = influx_db
     sources = {
         "influxdb": InfluxSource(server.url, database, min_interval=timedelta(seconds=1)),
-        "loki": LokiSource(loki, min_interval=timedelta(seconds=1)),
+        "loki": LokiSource(loki),
     }
     with GrafanaReceiver(sources, token="glsa_test_token") as receiver:
         yield receiver
@@ -288,7 +288,7 @@ def test_queries_and_counts_through_grafana_ds_query(
     with production_loki() as loki:
         sources = {
             "influxdb": InfluxSource(server.url, database, min_interval=timedelta(seconds=1)),
-            "loki": LokiSource(loki, min_interval=timedelta(seconds=1), org_id=SIMULATED_FLEET_ORG_ID),
+            "loki": LokiSource(loki, org_id=SIMULATED_FLEET_ORG_ID),
         }
         with GrafanaReceiver(sources, token="glsa_test_token") as grafana:
             argv += ["--lines-per-sec", "300", "--loki-url", loki.base_url, "--grafana-url", grafana.url]
