@@ -89,6 +89,9 @@ class ActiveFault:
 def resolve(faults: Sequence[Fault], roles_by_uid: dict[str, str], duration: float) -> list[ActiveFault]:
     """Pick the node and start of each fault; ValueError when a fault cannot apply to this fleet."""
     out = []
+    # Faults given without a uid each get a node of their own: a silent node cannot also
+    # burst errors, so two faults on one node would make one of them unobservable.
+    taken = {f.uid for f in faults if f.uid is not None}
     for fault in faults:
         roles = KINDS[fault.kind][1]
         at = duration / 2 if fault.at is None else fault.at
@@ -103,13 +106,32 @@ def resolve(faults: Sequence[Fault], roles_by_uid: dict[str, str], duration: flo
             fitting.sort(key=lambda u: (roles.index(roles_by_uid[u]), int(u) if u.isdigit() else 0, u))
             if not fitting:
                 raise ValueError(f"fault {fault.kind} needs a {' or '.join(roles)} in the fleet")
-            uid = fitting[0]
+            free = [u for u in fitting if u not in taken]
+            if not free:
+                raise ValueError(
+                    f"fault {fault.kind}: every {' or '.join(roles)} of the fleet already has a fault; "
+                    "give it a node with :uid=N, or a larger fleet"
+                )
+            uid = free[0]
+            taken.add(uid)
         elif uid not in roles_by_uid:
             raise ValueError(f"fault {fault.kind}: no node with uid {uid} (uids are 0 to {len(roles_by_uid) - 1})")
         elif roles_by_uid[uid] not in roles:
             raise ValueError(f"fault {fault.kind} fits a {' or '.join(roles)}; node {uid} is a {roles_by_uid[uid]}")
         out.append(ActiveFault(fault.kind, uid, at))
     return out
+
+
+# What each store fault takes away from the rules: the data source uids they query.
+DOWN_DATASOURCES: dict[str, frozenset[str]] = {
+    "metrics-down": frozenset({"influxdb", "victoriametrics"}),
+    "loki-down": frozenset({"loki"}),
+}
+
+
+def down_datasources(faults: Sequence[ActiveFault]) -> frozenset[str]:
+    """The data source uids the run's store faults make refuse every query."""
+    return frozenset().union(*(DOWN_DATASOURCES.get(f.kind, frozenset()) for f in faults))
 
 
 def for_node(faults: Sequence[ActiveFault], uid: str) -> tuple[ActiveFault, ...]:

@@ -254,6 +254,29 @@ def test_short_runs_skip_the_rules_and_faults_need_a_long_enough_run() -> None:
     assert al.expected_rules(ft.resolve([ft.Fault("drops")], {"0": "miner"}, 10)) == {"telemetry-client-drops"}
 
 
+def test_faults_given_without_a_node_each_get_a_node_of_their_own() -> None:
+    roles = {"0": "miner", "1": "miner", "2": "validator"}
+    resolved = ft.resolve([ft.Fault("error-burst"), ft.Fault("silent"), ft.Fault("gpu-oom", "0")], roles, 10.0)
+    assert [(f.kind, f.uid) for f in resolved] == [("error-burst", "1"), ("silent", "2"), ("gpu-oom", "0")]
+    # Two faults named on one node stay there: the user asked for it.
+    assert {f.uid for f in ft.resolve([ft.Fault("silent", "0"), ft.Fault("drops", "0")], roles, 10.0)} == {"0"}
+    with pytest.raises(ValueError, match="every miner of the fleet already has a fault"):
+        ft.resolve([ft.Fault("loss-divergence"), ft.Fault("loss-divergence"), ft.Fault("loss-divergence")], roles, 10.0)
+
+
+def test_a_node_fault_whose_store_is_down_is_not_judged_and_the_store_rule_fires(
+    stack: list[str], tmp_path: Path
+) -> None:
+    """With Loki down the log rule can only be an Error (its execErrState decides): it cannot show a burst."""
+    code, report = simulate(stack, tmp_path, "--fault", "error-burst", "--fault", "loki-down")
+    alerts = by_uid(report)
+    assert code == 0, report["summary"]
+    assert alerts["telemetry-log-errors"]["status"] == al.SKIPPED
+    assert "loki is down" in alerts["telemetry-log-errors"]["message"]
+    assert alerts["telemetry-loki-unavailable"]["status"] in (al.ERROR, al.FIRING)
+    assert alerts["telemetry-loki-unavailable"]["fires"]
+
+
 def test_a_prometheus_rule_query_runs_instant_at_its_window_end_with_the_window_as_range() -> None:
     """Grafana's Prometheus backend: $__range is the window in whole seconds; the query runs at the window's end."""
     asked: list[tuple[str, int]] = []
