@@ -880,6 +880,8 @@ _LOKI_SELECTOR = re.compile(r"(?<!\$)\{([^{}]*)\}")  # not a ${variable:format}
 _LOKI_MATCHER = re.compile(r'([A-Za-z_]\w*)\s*(=~|!~|!=|=)\s*(?:"(?:[^"\\]|\\.)*"|`[^`]*`)')
 _LOKI_GROUPING = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
 _LOKI_LABEL_VALUES = re.compile(r"label_values\((?:\{[^{}]*\}\s*,\s*)?([A-Za-z_]\w*)\s*\)")
+# label_replace(v, "dst", "replacement", "src", "regex"): the destination label it writes.
+_LOKI_LABEL_REPLACE_TARGET = re.compile(r',\s*"([A-Za-z_]\w*)"\s*,\s*"[^"]*"\s*,\s*"[A-Za-z_]\w*"\s*,\s*"[^"]*"\s*\)')
 
 
 @dataclass(frozen=True)
@@ -911,6 +913,8 @@ def logql_references(expr: str) -> LokiReferences:
     grouping: set[str] = set()
     for match in _LOKI_GROUPING.finditer(expr):
         grouping.update(label.strip() for label in match.group(1).split(",") if label.strip())
+    # A label label_replace writes exists in the result whatever the stream holds.
+    grouping -= set(_LOKI_LABEL_REPLACE_TARGET.findall(expr))
     return LokiReferences(
         stream_labels=frozenset(stream),
         grouping_labels=frozenset(grouping),
