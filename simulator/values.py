@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from simulator import signals as sg
-from telemetry_client.catalog import DELTA_SUFFIX, DROP_REASONS, SELF_COUNTERS, SPARSE_DELTAS
+from telemetry_client.catalog import DELTA_SUFFIX, DROP_REASONS, LOKI_ONLY_COUNTERS, SELF_COUNTERS, SPARSE_DELTAS
 
 # Typical GPU utilisation per role, in percent: miners train flat out, aggregators mostly wait.
 BUSY: dict[str, float] = {"miner": 96.0, "validator": 70.0, "aggregator": 45.0, "evaluator": 80.0}
@@ -34,6 +34,7 @@ HISTORY_GROWTH: dict[str, float] = {
     "bytes_sent": 8192.0,
     "retries": 0.01,
     "truncated": 0.0,
+    "metadata_removed": 0.0,
     **{f"dropped_{reason}": 0.002 for reason in DROP_REASONS},
 }
 
@@ -54,7 +55,7 @@ class ClientCounters:
     Every counter grows by its `growth` per point on average, `jitter` either way;
     the growth is whole records, so a rare event (a retry, a drop) happens now and
     then, at a different moment on every node. `sparse` writes the points as the
-    client does (a zero delta of `SPARSE_DELTAS` left out, `truncated` for Loki
+    client does (a zero delta of `SPARSE_DELTAS` left out, `truncated` and `metadata_removed` for Loki
     only); the dashboard tests want every field on every point instead.
     """
 
@@ -119,8 +120,8 @@ class _CounterModel:
         deltas["dropped"] = sum(value for name, value in deltas.items() if name.startswith("dropped_"))
         fields: dict[str, float] = {}
         for name, delta in deltas.items():
-            if settings.sparse and name == "truncated" and sink != "loki":
-                continue  # only the Loki handler shortens lines
+            if settings.sparse and name in LOKI_ONLY_COUNTERS and sink != "loki":
+                continue  # only the Loki handler shortens lines or removes metadata
             totals[name] += delta
             fields[name] = totals[name]
             if delta or not settings.sparse or name not in SPARSE_DELTAS:

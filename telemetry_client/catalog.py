@@ -14,6 +14,7 @@ __all__ = [
     "CATALOG",
     "DELTA_SUFFIX",
     "DROP_REASONS",
+    "LOKI_ONLY_COUNTERS",
     "MEASUREMENTS",
     "QUERYABLE",
     "ROLES",
@@ -118,14 +119,17 @@ SELF_COUNTERS: tuple[str, ...] = (
     "bytes_sent",
     "dropped",
     "truncated",
+    "metadata_removed",
     *(f"dropped_{reason}" for reason in DROP_REASONS),
 )
 DELTA_SUFFIX = "_delta"
+# Counters only a Loki handler's stats() have.
+LOKI_ONLY_COUNTERS: tuple[str, ...] = ("truncated", "metadata_removed")
 # Counters whose delta is written only when it is not zero: each drop reason and
-# truncated lines. Most intervals drop nothing; an absent field costs a query
+# truncated lines or lines resent without their metadata. Most intervals drop nothing; an absent field costs a query
 # nothing, where a dozen zero fields per point made the by-reason panel slow, and
 # the panel then draws the reasons that happened.
-SPARSE_DELTAS: frozenset[str] = frozenset({"truncated", *(f"dropped_{reason}" for reason in DROP_REASONS)})
+SPARSE_DELTAS: frozenset[str] = frozenset({*LOKI_ONLY_COUNTERS, *(f"dropped_{reason}" for reason in DROP_REASONS)})
 
 
 def _deltas(counters: tuple[str, ...]) -> tuple[Field, ...]:
@@ -274,13 +278,19 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         fields=(
             Field("queued", "count", "records given to log()/emit(), and system and GPU points", rollup="last"),
             Field("sent", "count", "points or log lines the server accepted", rollup="last"),
-            Field("batches", "count", "requests the server accepted", rollup="last"),
+            Field("batches", "count", "requests the server stored all or part of", rollup="last"),
             Field("retries", "count", "requests retried", rollup="last"),
             Field("pending", "count", "records buffered, not yet delivered", rollup="max"),
             Field("pending_bytes", "bytes", "encoded bytes buffered, not yet delivered", rollup="max"),
             Field("bytes_sent", "bytes", "compressed bytes the server accepted", rollup="last"),
             Field("dropped", "count", "records dropped, all reasons", rollup="last"),
             Field("truncated", "count", "log lines shortened to Loki's line limit (delivered, marked)", rollup="last"),
+            Field(
+                "metadata_removed",
+                "count",
+                "log lines sent again without the structured metadata Loki refused (delivered)",
+                rollup="last",
+            ),
             *(
                 Field(f"dropped_{reason}", "count", f"records dropped: {reason}", rollup="last")
                 for reason in DROP_REASONS

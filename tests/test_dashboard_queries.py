@@ -188,7 +188,15 @@ STEP_S = 10
 
 # Every field on every point, every 10 s; the client's counters grow steadily (the rate
 # panels' figures below: 49 records sent per 10 s per process and sink).
-GROWTH = {"queued": 50.0, "sent": 49.0, "batches": 1.0, "bytes_sent": 4096.0, "retries": 0.2, "truncated": 0.2}
+GROWTH = {
+    "queued": 50.0,
+    "sent": 49.0,
+    "batches": 1.0,
+    "bytes_sent": 4096.0,
+    "retries": 0.2,
+    "truncated": 0.2,
+    "metadata_removed": 0.1,
+}
 PACE = values.Pace(
     batch=None,
     host_every=1,

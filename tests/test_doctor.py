@@ -533,6 +533,25 @@ def test_limits_from_the_server_config_are_compared_with_the_node_settings():
     assert check.details["source"] == "server"
 
 
+STREAM_BURST_CONFIG = """\
+limits_config:
+  ingestion_rate_mb: 16
+  ingestion_burst_size_mb: 32
+  per_stream_rate_limit_burst: 256KB
+  allow_structured_metadata: false
+"""
+
+
+def test_a_batch_above_the_stream_burst_is_named_and_disallowed_metadata_reported():
+    """One push holds one stream: the tenant's burst is not the only bound a batch must fit."""
+    with skewed_server(0, STREAM_BURST_CONFIG) as url:
+        check, limits = loki_limits(_loki(url), node_max_line_bytes=100_000, node_batch_bytes=1 << 20)
+    assert check.status is Status.WARN
+    assert "per_stream_rate_limit_burst" in check.evidence and "below 262144 bytes" in check.fix
+    assert "structured metadata disallowed" in check.evidence and "metadata_removed" in check.evidence
+    assert limits["allow_structured_metadata"] == "false"
+
+
 def test_limits_fall_back_to_loki_defaults_when_config_is_hidden():
     with LokiReceiver() as receiver:
         check, limits = loki_limits(_loki(receiver.base_url), node_max_line_bytes=256_000, node_batch_bytes=1 << 20)

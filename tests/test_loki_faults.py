@@ -277,15 +277,23 @@ def test_600_lines_pushed_with_a_refused_one_are_stored_once_and_the_limit_is_na
         assert "max_line_size is 2000 bytes, below max_line_bytes=256000" in caplog.text
 
 
-def test_entries_with_metadata_are_refused_alone_when_loki_disallows_it(handlers):
+def test_entries_loki_refuses_for_their_metadata_are_sent_again_without_it(handlers, caplog):
+    """Loki refuses an entry with structured metadata when it disallows it; the line itself holds every field."""
     with LokiReceiver(limits=Limits(allow_structured_metadata=False)) as receiver:
         logger, handler = shipping_logger(receiver, handlers, structured_metadata=True, flush_interval=30)
-        for i in range(10):
-            logger.info("plain", extra={"id": str(i)} if i % 2 else None)
-        assert handler.flush(20) == 0
+        with caplog.at_level(logging.WARNING, logger="telemetry_client"):
+            for i in range(10):
+                logger.info("plain", extra={"id": str(i)} if i % 2 else None)
+            assert handler.flush(20) == 0
+            for i in range(10, 14):
+                logger.info("later", extra={"id": str(i)})  # sent without metadata from the start
+            assert handler.flush(20) == 0
         stats = handler.stats()
-        assert stats["sent"] == receiver.count() == 5
-        assert stats["dropped_by_reason"] == {"disallowed_structured_metadata": 5}
+        assert stats["sent"] == receiver.count() == 14 and stats["dropped"] == 0 and receiver.duplicates == 0
+        assert stats["metadata_removed"] == 5
+        assert_counters_add_up(stats)
+        assert [r.status for r in receiver.requests] == [400, 204, 204]
+        assert caplog.text.count("Loki refuses structured metadata") == 1
 
 
 def test_a_batch_larger_than_the_tenant_burst_is_split_until_it_fits(handlers):

@@ -66,6 +66,7 @@ PUBLIC: dict[str, list[str]] = {
         "CATALOG",
         "DELTA_SUFFIX",
         "DROP_REASONS",
+        "LOKI_ONLY_COUNTERS",
         "MEASUREMENTS",
         "QUERYABLE",
         "ROLES",

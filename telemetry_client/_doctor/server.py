@@ -46,7 +46,8 @@ from telemetry_client._doctor.report import Check, Status, fail, ok, warn
 # Loki's limits_config defaults: grafana/loki pkg/validation/limits.go (RegisterFlags), Loki 3.x:
 #   reject_old_samples true, reject_old_samples_max_age "7d", creation_grace_period "10m",
 #   max_line_size "256KB", ingestion_rate_mb 4, ingestion_burst_size_mb 6,
-#   per_stream_rate_limit 3MB (3 << 20), per_stream_rate_limit_burst 15MB.
+#   per_stream_rate_limit 3MB (3 << 20), per_stream_rate_limit_burst 15MB,
+#   allow_structured_metadata true.
 LOKI_DEFAULT_LIMITS = {
     "reject_old_samples": "true",
     "reject_old_samples_max_age": "7d",
@@ -56,6 +57,7 @@ LOKI_DEFAULT_LIMITS = {
     "ingestion_burst_size_mb": "6",
     "per_stream_rate_limit": "3MB",
     "per_stream_rate_limit_burst": "15MB",
+    "allow_structured_metadata": "true",
 }
 CERT_WARN_DAYS = 14
 CLOCK_WARN_SECONDS = 30.0
@@ -547,11 +549,16 @@ def loki_limits(
     details = {"source": "server" if served else "defaults", "limits": limits}
     max_line = parse_bytes(limits["max_line_size"]) or 0
     burst = parse_bytes(f"{limits['ingestion_burst_size_mb']}MB") or 0
+    # A push holds one stream (the handler's level), so a batch must also fit the stream's burst.
+    stream_burst = parse_bytes(limits["per_stream_rate_limit_burst"]) or 0
+    metadata = limits["allow_structured_metadata"].lower() != "false"
     summary = (
         f"from {source}: max_line_size {limits['max_line_size']}, ingestion_rate_mb {limits['ingestion_rate_mb']} "
         f"(burst {limits['ingestion_burst_size_mb']}) per tenant, per_stream_rate_limit "
-        f"{limits['per_stream_rate_limit']}"
-    )
+        f"{limits['per_stream_rate_limit']} (burst {limits['per_stream_rate_limit_burst']}), structured metadata "
+        + ("allowed" if metadata else "disallowed: a handler with structured_metadata=True sends its lines again "
+           "without it (counted metadata_removed)")
+    )  # fmt: skip
     if max_line and node_max_line_bytes > max_line:
         return (
             warn(
@@ -563,13 +570,15 @@ def loki_limits(
             ),
             limits,
         )
-    if burst and node_batch_bytes > burst:
+    tightest = min((b for b in (burst, stream_burst) if b), default=0)
+    if tightest and node_batch_bytes > tightest:
+        which = "the tenant's burst" if tightest == burst else "the stream's burst (per_stream_rate_limit_burst)"
         return (
             warn(
                 name,
-                f"{summary}; this node sends batches up to {node_batch_bytes} bytes, above the burst, "
-                "so a full batch is refused.",
-                f"Lower BufferSettings(batch_bytes=...) below {burst} bytes.",
+                f"{summary}; this node sends batches up to {node_batch_bytes} bytes, above {which}, "
+                "so a full batch is refused and sent again in halves.",
+                f"Lower BufferSettings(batch_bytes=...) below {tightest} bytes.",
                 **details,
             ),
             limits,

@@ -680,20 +680,27 @@ class Channel:
             )
             self._split(batch, items, throttled=0)
             return True
-        warn.warning(
-            f"{self.sink.name}:rejected:{response.status}",
-            "%s: server rejected a batch of %d items (HTTP %d, not retried): %s",
-            self.sink.name,
-            batch.count,
-            response.status,
-            message,
-        )
         self._pop_oldest()
+        if (
+            verdict is None
+            or verdict.split
+            or verdict.refused
+            or len(verdict.stored) + len(verdict.resend) < batch.count
+        ):
+            warn.warning(
+                f"{self.sink.name}:rejected:{response.status}",
+                "%s: server rejected a batch of %d items (HTTP %d, not retried): %s",
+                self.sink.name,
+                batch.count,
+                response.status,
+                message,
+            )
         if verdict is None or verdict.split:
             self._drop("rejected", batch.count)
             return True
         if verdict.stored:
             self._count_sent(verdict.stored)
+            self.batches += 1  # the server took part of it: a request it accepted, as stats() describe
         for reason, count in verdict.refused.items():
             if count > 0:
                 self._drop(reason, count)
@@ -732,6 +739,7 @@ class Channel:
             return False
         self._pop_oldest()
         self._count_sent(verdict.stored)
+        self.batches += 1  # the server took part of it
         resend = list(verdict.resend)
         unaccounted = batch.count - len(verdict.stored) - len(resend)
         if unaccounted > 0:

@@ -20,7 +20,7 @@ from telemetry_client._influx.fields import DEFAULT_MAX_STRING_BYTES, FieldEncod
 from telemetry_client._influx.gpu_metrics import GpuSampler
 from telemetry_client._influx.rejections import Refusal, read_refusal
 from telemetry_client._influx.system_metrics import SystemSampler
-from telemetry_client.catalog import DELTA_SUFFIX, DROP_REASONS, SELF_COUNTERS, SPARSE_DELTAS
+from telemetry_client.catalog import DELTA_SUFFIX, DROP_REASONS, LOKI_ONLY_COUNTERS, SELF_COUNTERS, SPARSE_DELTAS
 
 SELF_METRICS_MEASUREMENT = "telemetry_client"
 # The times InfluxDB stores (models/time.go: MinNanoTime = MinInt64 + 2, MaxNanoTime = MaxInt64 - 1);
@@ -254,8 +254,9 @@ class InfluxSink:
             }
             for reason in DROP_REASONS:  # zeros too: a healthy node shows 0, not "no data"
                 fields[f"dropped_{reason}"] = float(stats["dropped_by_reason"].get(reason, 0))
-            if "truncated" in stats:
-                fields["truncated"] = float(stats["truncated"])
+            for name in LOKI_ONLY_COUNTERS:  # only the Loki handler has these
+                if name in stats:
+                    fields[name] = float(stats[name])
             previous = self._previous_counters.setdefault(channel, {})
             for name in SELF_COUNTERS:
                 if name in fields:

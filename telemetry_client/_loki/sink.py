@@ -157,6 +157,16 @@ def metadata_name(name: str) -> str:
     return "_" + clean if clean[0].isdigit() else clean
 
 
+DISALLOWED_METADATA = "disallowed_structured_metadata"
+
+
+def _without_metadata(item: Item) -> Item:
+    """The same entry without its structured metadata, its size as `encode` would give it."""
+    (key, ts, line, metadata, line_bytes), size, item_key = item
+    size -= sum(len(k) + len(v.encode("utf-8")) for k, v in (metadata or {}).items())
+    return (key, ts, line, None, line_bytes), size, item_key
+
+
 class LokiSink:
     """Encodes log records for one set of static labels and one push URL.
 
@@ -181,6 +191,8 @@ class LokiSink:
         self.max_line_bytes = max_line_bytes
         self.structured_metadata = structured_metadata
         self.truncated = 0  # lines shortened to fit max_line_bytes (delivered, not dropped)
+        # Entries sent again without their structured metadata, which Loki refused (delivered, not dropped).
+        self.metadata_removed = 0
         # One stream per level value: its key (Loki's selector text) and its labels.
         self.streams: dict[str, tuple[str, dict[str, str]]] = {}
         self.labels_by_key: dict[str, dict[str, str]] = {}
@@ -194,7 +206,7 @@ class LokiSink:
 
     def extra_stats(self) -> dict[str, int]:
         """Merged into the channel's stats: lines shortened to fit (delivered with a marker)."""
-        return {"truncated": self.truncated}
+        return {"truncated": self.truncated, "metadata_removed": self.metadata_removed}
 
     def encode(self, record: LokiRecord, emit: Callable[[Item], None], drop: Callable[[str, int], None]) -> None:
         ts, levelno, levelname, logger, message, exception, stack, pid, thread, bound, extra, call = record
@@ -301,8 +313,11 @@ class LokiSink:
     def on_rejected(self, items: Sequence[Item], response: Response) -> Verdict | None:
         """After a 4xx: Loki stored every entry it did not name; the named ones are refused, with Loki's reason.
 
-        Nothing is ever resent: Loki keeps a second copy of an entry it already
-        stored once the stream's head block has moved on.
+        Nothing Loki stored is resent: it keeps a second copy of an entry it already
+        stored once the stream's head block has moved on. An entry refused only for
+        its structured metadata (`allow_structured_metadata: false`; grafana/loki
+        pkg/distributor/validator.go, validateEntry) is sent again without it, and so
+        is every later entry: the line still holds every field.
         """
         if response.status != 400:
             return None
@@ -311,9 +326,23 @@ class LokiSink:
             return None  # a text this client cannot read, or naming nothing we sent: counted `rejected`
         stored, refused = named
         counts: dict[str, int] = {}
-        for _item, reason in refused:
+        resend: list[Item] = []
+        for item, reason in refused:
+            if reason == DISALLOWED_METADATA and item[0][3]:
+                resend.append(_without_metadata(item))
+                continue
             counts[reason] = counts.get(reason, 0) + 1
-        return Verdict(stored=stored, refused=counts)
+        if resend:
+            self.metadata_removed += len(resend)
+            if self.structured_metadata:
+                self.structured_metadata = False
+                warn.once(
+                    "loki:structured-metadata-disallowed",
+                    "Loki refuses structured metadata (limits_config.allow_structured_metadata is false): entries "
+                    "are sent without it from now on, their fields still in the line; set structured_metadata=False "
+                    "or allow it in Loki",
+                )
+        return Verdict(stored=stored, refused=counts, resend=resend)
 
     def on_throttled(self, items: Sequence[Item], response: Response) -> Verdict | None:
         """After a 429: the entries Loki stored anyway, and the ones to send again.

@@ -14,11 +14,11 @@ data
     |> to(bucket: "@DOWNSAMPLED_BUCKET@")
 
 data
-    |> filter(fn: (r) => contains(value: r._field, set: ["queued_delta", "sent_delta", "batches_delta", "retries_delta", "bytes_sent_delta", "dropped_delta", "truncated_delta", "dropped_buffer_full_delta", "dropped_expired_delta", "dropped_rejected_delta", "dropped_invalid_delta", "dropped_non_finite_delta", "dropped_no_fields_delta", "dropped_none_value_delta", "dropped_unsupported_type_delta", "dropped_too_large_delta", "dropped_sampled_out_delta", "dropped_shutdown_delta", "dropped_encode_error_delta", "dropped_disabled_delta"]))
+    |> filter(fn: (r) => contains(value: r._field, set: ["queued_delta", "sent_delta", "batches_delta", "retries_delta", "bytes_sent_delta", "dropped_delta", "truncated_delta", "metadata_removed_delta", "dropped_buffer_full_delta", "dropped_expired_delta", "dropped_rejected_delta", "dropped_invalid_delta", "dropped_non_finite_delta", "dropped_no_fields_delta", "dropped_none_value_delta", "dropped_unsupported_type_delta", "dropped_too_large_delta", "dropped_sampled_out_delta", "dropped_shutdown_delta", "dropped_encode_error_delta", "dropped_disabled_delta"]))
     |> aggregateWindow(every: 5m, fn: sum, createEmpty: false, timeSrc: "_start")
     |> to(bucket: "@DOWNSAMPLED_BUCKET@")
 
 data
-    |> filter(fn: (r) => contains(value: r._field, set: ["queued", "sent", "batches", "retries", "bytes_sent", "dropped", "truncated", "dropped_buffer_full", "dropped_expired", "dropped_rejected", "dropped_invalid", "dropped_non_finite", "dropped_no_fields", "dropped_none_value", "dropped_unsupported_type", "dropped_too_large", "dropped_sampled_out", "dropped_shutdown", "dropped_encode_error", "dropped_disabled"]))
+    |> filter(fn: (r) => contains(value: r._field, set: ["queued", "sent", "batches", "retries", "bytes_sent", "dropped", "truncated", "metadata_removed", "dropped_buffer_full", "dropped_expired", "dropped_rejected", "dropped_invalid", "dropped_non_finite", "dropped_no_fields", "dropped_none_value", "dropped_unsupported_type", "dropped_too_large", "dropped_sampled_out", "dropped_shutdown", "dropped_encode_error", "dropped_disabled"]))
     |> aggregateWindow(every: 5m, fn: last, createEmpty: false, timeSrc: "_start")
     |> to(bucket: "@DOWNSAMPLED_BUCKET@")
