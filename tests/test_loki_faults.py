@@ -293,6 +293,7 @@ def test_entries_loki_refuses_for_their_metadata_are_sent_again_without_it(handl
         assert stats["metadata_removed"] == 5
         assert_counters_add_up(stats)
         assert [r.status for r in receiver.requests] == [400, 204, 204]
+        assert stats["batches"] == 3, "the push Loki stored in part counts as a batch"
         assert caplog.text.count("Loki refuses structured metadata") == 1
 
 
