@@ -33,6 +33,7 @@ from typing import Any
 
 from grafana.builder import audit
 from simulator import alerting as al
+from simulator import backups as bk
 from simulator import dashboards as dash
 from simulator import edge, load
 from simulator import faults as ft
@@ -264,6 +265,13 @@ def build_parser() -> argparse.ArgumentParser:
         "into Loki's tenant _edge for the run (nodes' pushes, the deploy's checks, the refused-credentials "
         "fault), pushed to --loki-url, which must keep tenants apart (auth_enabled: true) for the audit panel "
         "and rule to read them; without it they are SKIPPED",
+    )
+    check.add_argument(
+        "--backup-status",
+        action="store_true",
+        help="also write the stack's own backup reports (stack_backup) for a few stateful hosts over the run, as "
+        "the backup role's report timer would (every run ok, the last success hours old; the backup-overdue "
+        "fault makes one host overdue), for the backup panels and rule; without it they are SKIPPED",
     )
     check.add_argument(
         "--alerting",
@@ -518,6 +526,7 @@ def public_settings(args: argparse.Namespace, stack: Stack, run: fl.RunIdentity)
         "influxdb_api_version": stack.api_version,
         "loki_url": without_userinfo(stack.loki_url),
         "edge_audit": args.edge_audit,
+        "backup_status": args.backup_status,
         "grafana_url": without_userinfo(stack.grafana.url) if stack.grafana else None,
         "dashboards": str(args.dashboards),
         "datasources": sorted(selected_datasources(args, stack)),
@@ -651,6 +660,22 @@ def execute(args: argparse.Namespace, line_counter: LineCounter | None = None) -
         except RuntimeError as exc:
             fleet.errors.append(str(exc))
 
+    if args.backup_status:
+        try:
+            max_age = float(al.run_settings(fleet.load_seconds, args.window_seconds)["ALERT_BACKUP_MAX_AGE_SECONDS"])
+            bk.write(
+                stack.influx_url,
+                stack.database,
+                bk.reports(faults, fleet.started_ns, fleet.load_seconds, max_age),
+                api_version=stack.api_version,
+                token=stack.token,
+                org=stack.org,
+                username=stack.username,
+                password=stack.password,
+            )
+        except RuntimeError as exc:
+            fleet.errors.append(str(exc))
+
     if not args.no_validate and stack.backend == "victoriametrics" and stack.grafana is not None:
         wait_until_visible(fleet.ended_ns / 1e9 + args.victoriametrics_latency_offset, args.quiet)
     checks: list[vd.QueryCheck] = []
@@ -670,6 +695,8 @@ def execute(args: argparse.Namespace, line_counter: LineCounter | None = None) -
         runners = runners_for(stack, selected)
         if not args.edge_audit and "loki" in runners:
             runners["loki"] = edge.WithoutAudit(runners["loki"])
+        if not args.backup_status and stack.metrics_datasource in runners:
+            runners[stack.metrics_datasource] = bk.WithoutBackups(runners[stack.metrics_datasource])
         checks = vd.check_dashboards(
             dashboards,
             runners,
@@ -720,6 +747,8 @@ def resolve_faults(args: argparse.Namespace, specs: Sequence[fl.NodeSpec], stack
             raise UsageError(f"fault {fault.kind} needs Loki: give --loki-url")
         if fault.kind in ft.EDGE_FAULTS and not args.edge_audit:
             raise UsageError(f"fault {fault.kind} needs the edge's audit stream: give --edge-audit")
+        if fault.kind in ft.BACKUP_FAULTS and not args.backup_status:
+            raise UsageError(f"fault {fault.kind} needs the stack's backup reports: give --backup-status")
     return faults
 
 
@@ -767,6 +796,12 @@ def evaluate_alerts(
             if any(edge.reads_audit(q["model"].get("expr", "")) for q in rule["data"]) and check.status != al.SKIPPED:
                 check.status, check.fires, check.instances = al.SKIPPED, False, []
                 check.message = "no edge audit stream in this run (--edge-audit)"
+    if not args.backup_status:
+        for (_, rule), check in zip(rules, checks, strict=True):
+            texts = [q["model"].get("query") or q["model"].get("expr") or "" for q in rule["data"]]
+            if any(bk.reads_backups(text) for text in texts) and check.status != al.SKIPPED:
+                check.status, check.fires, check.instances = al.SKIPPED, False, []
+                check.message = "no backup reports in this run (--backup-status)"
     return checks
 
 

@@ -923,7 +923,9 @@ def logql_references(expr: str) -> LokiReferences:
     )
 
 
-_PROM_METRIC = re.compile(r"\b([A-Za-z_:][\w:]*)\s*\{")
+_PROM_METRIC = re.compile(
+    r"\b([A-Za-z_:][\w:]*)\s*[{[]"
+)  # a selector: a name with matchers, or a bare one with a range
 _PROM_NAME_PREFIX = re.compile(r'__name__\s*=~\s*"([A-Za-z_]\w*?)_\.[+*]"')
 _PROM_MATCHER = re.compile(r'\b([A-Za-z_]\w*)\s*(?:=~|!~|!=|=)\s*"')
 _PROM_GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")

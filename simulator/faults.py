@@ -6,7 +6,9 @@ Node faults change what the node sends, through the same client as always; the s
 faults (metrics-down, loki-down) point the rule evaluation at a closed port, as a
 Grafana whose data source refuses connections would see it; the edge fault
 (refused-credentials) adds refused requests to the edge's audit stream
-(simulator/edge.py). `influxdb-down` is the older name of `metrics-down` and still works.
+(simulator/edge.py); the backup fault (backup-overdue) makes one stateful host's backup
+reports overdue (simulator/backups.py). `influxdb-down` is the older name of
+`metrics-down` and still works.
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
         "second, refused with 401 (a revoked node, or someone guessing; needs --edge-audit)",
         (),
     ),
+    "backup-overdue": (
+        "one stateful host's backup run fails at the fault's start, when its last success is already 26 h "
+        "(ALERT_BACKUP_MAX_AGE_SECONDS) old: from then on its reports are overdue (needs --backup-status)",
+        (),
+    ),
     "metrics-down": ("the rules' metrics store (InfluxDB or VictoriaMetrics) refuses connections", ()),
     "loki-down": ("the rules' Loki refuses connections", ()),
 }
@@ -49,9 +56,10 @@ KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
 ALIASES: dict[str, str] = {"influxdb-down": "metrics-down"}
 # Drop reasons a fault causes on purpose: not counted as lost records.
 EXPECTED_DROPS: dict[str, frozenset[str]] = {"drops": frozenset({"none_value"})}
-# Faults of no node: what reaches the edge, and the stores.
+# Faults of no node: what reaches the edge, the stack's own backups, and the stores.
 EDGE_FAULTS = frozenset({"refused-credentials"})
-STORE_FAULTS = frozenset(kind for kind, (_, roles) in KINDS.items() if not roles) - EDGE_FAULTS
+BACKUP_FAULTS = frozenset({"backup-overdue"})
+STORE_FAULTS = frozenset(kind for kind, (_, roles) in KINDS.items() if not roles) - EDGE_FAULTS - BACKUP_FAULTS
 
 _SPEC = re.compile(r"^(?P<kind>[a-z-]+)(?::uid=(?P<uid>[^@\s]+))?(?:@(?P<at>[0-9]+(?:\.[0-9]+)?)s?)?$")
 

@@ -214,7 +214,7 @@ def stored_counts(
     counts: dict[str, int] = {}
     for name in sorted(set(measurements)):
         measurement = catalog.CATALOG.get(name)
-        fields = [f.name for f in measurement.fields if f.kind == "float"] if measurement else []
+        fields = [f.name for f in measurement.fields if f.kind != "string"] if measurement else []
         names = "|".join(regex_escape(f"{name}_{field}") for field in fields) or regex_escape(name) + "_.+"
         expr = (
             f"max(sum by (__name__) (count_over_time({{__name__=~{string_literal(names)}, {run_matcher}}}"

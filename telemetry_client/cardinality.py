@@ -8,6 +8,8 @@ tags' values: GPUs for `gpu` and `gpu_memory`, evaluated miners for
 `telemetry_client`. A restart starts a new runtime_id, hence a new set of series.
 The store adds a spread's series beside the downsampled copy: one per process of
 its source (validator_scores_spread: one per validator; gpu_spread: one per node).
+What the stack writes about itself (stack_backup) is a series per stateful host,
+whatever the fleet: listed, not counted.
 
     python -m telemetry_client.cardinality --miners 256 --validators 16 --gpus 4
 """
@@ -19,7 +21,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from telemetry_client.catalog import CATALOG, MEASUREMENTS, QUERYABLE, ROLES, SPREADS, Measurement
+from telemetry_client.catalog import CATALOG, MEASUREMENTS, QUERYABLE, ROLES, SPREADS, STACK_CATALOG, Measurement
 
 __all__ = ["Fleet", "field_series", "fleet_series", "main", "report", "series_per_node", "spread_series"]
 
@@ -95,6 +97,8 @@ def report(fleet: Fleet) -> str:
     per_role = {role: series_per_node(role, fleet) for role in ROLES}
     totals = fleet_series(fleet)
     for m in MEASUREMENTS:
+        if m.stack:
+            continue
         cells = "".join(f"{per_role[role].get(m.name, 0):>11}" for role in ROLES)
         lines.append(f"{m.name:<22}{cells}{totals.get(m.name, 0):>10,}")
     node_totals = "".join(f"{sum(per_role[role].values()):>11}" for role in ROLES)
@@ -102,6 +106,8 @@ def report(fleet: Fleet) -> str:
     lines.append(f"field series (series x fields) in the fleet: {field_series(totals):,}")
     for name, count in spread_series(fleet).items():
         lines.append(f"derived beside the downsampled copy: {name}, {count:,} series")
+    for name in STACK_CATALOG:
+        lines.append(f"written by the stack, not the nodes: {name}, one series per stateful host")
     return "\n".join(lines)
 
 

@@ -3,6 +3,11 @@
 The simulator emits from it, the dashboards query it, and a test proves that every
 dashboard query names only what is defined here. Tags are a small fixed set (low
 cardinality); per-step values such as window, step or pid are fields, never tags.
+
+Most measurements come from the nodes, through their MetricsLogger (with the
+STANDARD_TAGS). A few the stack writes about itself, from its own hosts
+(`Measurement.stack`): no node writes them, no role or standard tag applies, and
+the node model of the simulator (simulator/values.py) has no value for them.
 """
 
 from __future__ import annotations
@@ -16,12 +21,14 @@ __all__ = [
     "DROP_REASONS",
     "LOKI_ONLY_COUNTERS",
     "MEASUREMENTS",
+    "NODE_CATALOG",
     "QUERYABLE",
     "ROLES",
     "SELF_COUNTERS",
     "SPARSE_DELTAS",
     "SPREADS",
     "SPREAD_OF",
+    "STACK_CATALOG",
     "STANDARD_TAGS",
     "Field",
     "Measurement",
@@ -47,12 +54,12 @@ ALL_ROLES = ROLES
 
 @dataclass(frozen=True)
 class Field:
-    """One field of a measurement; every numeric field is stored as a float."""
+    """One field of a measurement; a node's numeric fields are stored as floats (its client writes them so)."""
 
     name: str
     unit: str
     description: str
-    kind: str = "float"  # "float" or "string"
+    kind: str = "float"  # "float", "integer" (the stack's own line protocol `<n>i`) or "string"
     # How the downsampled copy keeps the field per period (grafana/builder/downsampling.py):
     # mean, max, min, sum (per-interval growth) or last (cumulative counters).
     rollup: str = "mean"
@@ -68,6 +75,7 @@ class Measurement:
     fields: tuple[Field, ...]
     tags: tuple[str, ...] = ()
     automatic: bool = False  # written by the client itself, not by the caller
+    stack: bool = False  # written by the stack's own hosts, never by a node: no role, no standard tag
 
     @property
     def field_names(self) -> tuple[str, ...]:
@@ -75,7 +83,7 @@ class Measurement:
 
     @property
     def tag_names(self) -> tuple[str, ...]:
-        return STANDARD_TAGS + self.tags
+        return self.tags if self.stack else STANDARD_TAGS + self.tags
 
 
 def _stats(name: str, unit: str, what: str) -> tuple[Field, ...]:
@@ -298,9 +306,41 @@ MEASUREMENTS: tuple[Measurement, ...] = (
             *_deltas(SELF_COUNTERS),
         ),
     ),
+    Measurement(
+        name="stack_backup",
+        description="The stack's backups, one point per stateful host and report: written by the backup role's "
+        "report timer after each backup run and every 15 minutes, never by a node",
+        roles=(),
+        stack=True,
+        tags=("host",),  # the inventory hostname
+        fields=(
+            Field("last_success", "s", "Unix time the last successful backup ended, 0 if none ever did", rollup="max"),
+            Field(
+                "age_seconds",
+                "s",
+                "seconds from the last successful backup's end to the report (none yet: since the backup was "
+                "installed on the host)",
+                rollup="max",
+            ),
+            Field(
+                "last_run_ok", "bool", "1 when the latest backup run succeeded, else 0", kind="integer", rollup="min"
+            ),
+            Field("last_duration_seconds", "s", "how long the latest backup run took", rollup="max"),
+            Field(
+                "added_bytes",
+                "bytes",
+                "bytes the latest backup run added to the repository",
+                kind="integer",
+                rollup="max",
+            ),
+        ),
+    ),
 )
 
 CATALOG: dict[str, Measurement] = {m.name: m for m in MEASUREMENTS}
+# The nodes' measurements (what a MetricsLogger writes), and the stack's own.
+NODE_CATALOG: dict[str, Measurement] = {m.name: m for m in MEASUREMENTS if not m.stack}
+STACK_CATALOG: dict[str, Measurement] = {m.name: m for m in MEASUREMENTS if m.stack}
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ import pytest
 from servers import InfluxV1
 
 from grafana.builder import downsampling, influxql
+from simulator import backups, values
 from simulator import dashboards as dash
-from simulator import values
 from telemetry_client.catalog import CATALOG, DROP_REASONS, QUERYABLE
 from telemetry_client.metrics import MetricsLogger
 
@@ -268,6 +268,20 @@ def write_with_metrics_logger(
     return sent
 
 
+def write_backup_reports(now: datetime, duration: timedelta, **connection: Any) -> int:
+    """The stack's own measurements: every stateful host's backup report, one a minute, as its report timer writes.
+
+    `connection` is simulator.backups.write's (influx_url, database, api_version, token...).
+    """
+    start_ns = int((now - duration).timestamp()) * 1_000_000_000
+    max_age = float(BACKUP_MAX_AGE)
+    reports = backups.reports((), start_ns, duration.total_seconds(), max_age, every=60.0)
+    return backups.write(written=reports, **connection)
+
+
+BACKUP_MAX_AGE = "93600"
+
+
 @pytest.fixture(scope="module")
 def telemetry_db(influx_server: InfluxV1) -> Iterator[tuple[InfluxV1, str]]:
     """A database named like the stack's bucket, holding every catalog measurement."""
@@ -279,6 +293,7 @@ def telemetry_db(influx_server: InfluxV1) -> Iterator[tuple[InfluxV1, str]]:
     points = catalog_points(NOW, timedelta(minutes=30))
     sent = write_with_metrics_logger(points, url=influx_server.url, database=database, api_version=1)
     assert sent == sum(1 for _ in catalog_points(NOW, timedelta(minutes=30)))
+    write_backup_reports(NOW, timedelta(minutes=30), influx_url=influx_server.url, database=database, api_version=1)
     # What the continuous queries would have written by now, for the long-range targets.
     start_ms = int((NOW - timedelta(hours=1)).timestamp() * 1000)
     for statement in downsampling.influxql_backfill(database, start_ms, RANGE.end_ms + 1):

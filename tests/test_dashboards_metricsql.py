@@ -24,12 +24,14 @@ from test_dashboard_queries import (
     VALIDATORS,
     CatalogPoint,
     catalog_points,
+    write_backup_reports,
     write_with_metrics_logger,
 )
 
 from grafana import build_dashboards
 from grafana.builder.backend import BACKENDS, building_for, current_backend
 from grafana.builder.dialects import DIALECTS, Dialect, current_dialect
+from simulator import backups
 from simulator import dashboards as dash
 from simulator.victoria import PromQL, variable_call
 from telemetry_client.catalog import CATALOG, STANDARD_TAGS
@@ -231,7 +233,17 @@ def victoria() -> Iterator[VictoriaMetrics]:
     with victoria_metrics() as server:
         points = list(catalog_points(NOW - OFFSET, timedelta(minutes=30)))
         assert write_with_metrics_logger(points, **v2_connection(server)) == len(points)
+        connection = v2_connection(server)
+        write_backup_reports(
+            NOW - OFFSET,
+            timedelta(minutes=30),
+            influx_url=server.url,
+            database="telemetry",
+            token=connection["token"],
+            org="telemetry",
+        )
         server.wait_for_series('{__name__="system_cpu_percent"}', len(NODES), timeout=60)
+        server.wait_for_series('{__name__="stack_backup_age_seconds"}', len(backups.HOSTS), timeout=60)
         yield server
 
 
@@ -243,6 +255,9 @@ def influx_twin(influx_server: InfluxV1) -> Iterator[tuple[InfluxV1, str]]:
     points = list(catalog_points(NOW - OFFSET, timedelta(minutes=30)))
     connection = {"url": influx_server.url, "database": database, "api_version": 1}
     assert write_with_metrics_logger(points, **connection) == len(points)
+    write_backup_reports(
+        NOW - OFFSET, timedelta(minutes=30), influx_url=influx_server.url, database=database, api_version=1
+    )
     yield influx_server, database
     influx_server.query(f'DROP DATABASE "{database}"')
 

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from simulator import cli, load, values, victoria
+from simulator import backups, cli, load, values, victoria
 from simulator import dashboards as dash
+from simulator import faults as ft
 from simulator import fleet as fl
 from simulator import report as rp
 from simulator import signals as sg
@@ -29,6 +30,7 @@ from telemetry_client.catalog import (
     LOKI_ONLY_COUNTERS,
     ROLES,
     SELF_COUNTERS,
+    STACK_CATALOG,
     measurements_for_role,
 )
 from telemetry_client.testing import InMemoryDestination
@@ -203,6 +205,57 @@ def test_every_field_of_every_measurement_a_role_emits_has_a_value(role: str) ->
                 f"no value for field {name} of measurement {measurement.name}: add one to simulator/values.py"
             )
         assert seen[measurement.name] <= set(measurement.field_names), measurement.name
+
+
+def test_no_role_emits_what_the_stack_writes_about_itself() -> None:
+    """The stack's own measurements have no role and no standard tag: the node model has no value for them."""
+    assert STACK_CATALOG and all(not m.roles and "uid" not in m.tag_names for m in STACK_CATALOG.values())
+    for role in ROLES:
+        assert not {m.name for m in measurements_for_role(role)} & set(STACK_CATALOG)
+
+
+def _line_fields(line: str) -> tuple[str, dict[str, str], dict[str, str]]:
+    """Measurement, tags and raw field texts of a line without escapes or spaces in values."""
+    key, fields, _ = line.split(" ")
+    measurement, *tags = key.split(",")
+    return (
+        measurement,
+        dict(tag.split("=", 1) for tag in tags),
+        dict(field.split("=", 1) for field in fields.split(",")),
+    )
+
+
+def test_backup_reports_carry_every_field_of_the_catalog_with_its_type() -> None:
+    """What the simulator writes for the backup role's report timer is the catalog's stack_backup, field for field."""
+    catalog = STACK_CATALOG[backups.MEASUREMENT]
+    written = backups.reports((), 1_700_000_000 * 10**9, 3, 93600.0)
+    assert {r.host for r in written} == set(backups.HOSTS) and len(written) == 4 * len(backups.HOSTS)
+    for report in written:
+        measurement, tags, fields = _line_fields(report.line())
+        assert measurement == catalog.name and set(tags) == set(catalog.tag_names)
+        assert set(fields) == set(catalog.field_names)
+        for field in catalog.fields:
+            assert fields[field.name].endswith("i") == (field.kind == "integer"), field.name
+
+
+def test_backup_ages_stay_under_the_threshold_on_a_clean_run_and_cross_it_under_the_fault() -> None:
+    start_ns, threshold = 1_700_000_000 * 10**9, 93600.0
+    clean = backups.reports((), start_ns, 10, threshold)
+    assert all(r.age_seconds < threshold and r.last_run_ok == 1 for r in clean)
+    assert all(math.isclose(r.age_seconds, (r.ts_ns / 1e9) - r.last_success, abs_tol=0.01) for r in clean)
+    fault = ft.resolve([ft.Fault.parse("backup-overdue@4")], {"0": "miner"}, 10.0)
+    assert fault == [ft.ActiveFault("backup-overdue", None, 4.0)]
+    overdue = backups.reports(fault, start_ns, 10, threshold)
+    failing = [r for r in overdue if r.host == backups.HOSTS[0]]
+    assert [r.age_seconds > threshold for r in failing] == [False] * 5 + [True] * 6  # reports at 0..10 s
+    assert [r.last_run_ok for r in failing] == [1] * 4 + [0] * 7  # the run at the fault's start failed
+    assert [r for r in overdue if r.host != backups.HOSTS[0]] == [r for r in clean if r.host != backups.HOSTS[0]]
+
+
+def test_reads_backups_finds_the_backup_panels_and_nothing_else() -> None:
+    for directory in (dash.DASHBOARDS_DIR, dash.VICTORIAMETRICS_DASHBOARDS_DIR):
+        readers = {q.name for q in dash.iter_queries(dash.load_dashboards(directory)) if backups.reads_backups(q.text)}
+        assert readers == {"Time since the last successful backup, by host", "Last backup run succeeded, by host"}
 
 
 @pytest.mark.parametrize("pace", [EVERY_FIELD, FleetShape().pace()], ids=["every-field", "backfill"])

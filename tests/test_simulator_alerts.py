@@ -15,6 +15,7 @@ import json
 import math
 import re
 import shutil
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -28,7 +29,7 @@ from test_simulator_e2e import clean_env  # noqa: F401  (the developer's environ
 
 from grafana.alerting_src.rules import RULES
 from simulator import alerting as al
-from simulator import edge
+from simulator import backups, edge
 from simulator import expressions as ex
 from simulator import faults as ft
 from simulator import validate as vd
@@ -42,6 +43,9 @@ RUN += ["--self-metrics-interval", "0.5", "--system-interval", "0.5", "--process
 # As in production: each node pushes into its own Loki tenant, and the run writes the edge's
 # audit stream (tenant _edge) for the edge rule; every query reads all of them.
 RUN += ["--loki-tenant-per-node"]
+# The stack's own backup reports (stack_backup) for the backup rule, as the backup role's report timer writes them.
+WITHOUT_BACKUPS = [*RUN, "--edge-audit"]
+RUN += ["--backup-status"]
 WITHOUT_AUDIT = list(RUN)
 RUN += ["--edge-audit"]
 # uids: validators 0-1, aggregator 2, evaluator 3, miners 4-9.
@@ -57,6 +61,7 @@ ALL_NODE_FAULTS = [
     "error-burst:uid=9@3",
 ]
 EDGE_FAULTS = ["refused-credentials@3"]
+BACKUP_FAULTS = ["backup-overdue@3"]
 
 
 # The data source type of each store's metrics queries, for --datasource.
@@ -138,7 +143,7 @@ def test_a_clean_run_leaves_every_rule_normal(stack: list[str], backend: str, tm
 
 
 def test_every_node_fault_at_once_fires_exactly_its_rule_on_its_node(stack: list[str], tmp_path: Path) -> None:
-    faults = ALL_NODE_FAULTS + EDGE_FAULTS
+    faults = ALL_NODE_FAULTS + EDGE_FAULTS + BACKUP_FAULTS
     code, report = simulate(stack, tmp_path, *(x for fault in faults for x in ("--fault", fault)))
     alerts = by_uid(report)
     assert report["summary"]["alerts_wrong"] == [] and code == 0, report["summary"]
@@ -166,6 +171,9 @@ def test_every_node_fault_at_once_fires_exactly_its_rule_on_its_node(stack: list
     # The edge's refusals come from the stranger's address alone: the deploy's two checks stay below the threshold.
     refused = alerts["telemetry-edge-refused-credentials"]["instances"]
     assert [i["labels"]["request_remote_ip"] for i in refused] == [edge.STRANGER_ADDRESS]
+    # The overdue host alone, by its host label (the others' backups are hours old).
+    overdue = alerts["telemetry-backup-overdue"]["instances"]
+    assert [i["labels"] for i in overdue] == [{"host": backups.HOSTS[0]}]
     assert [f["kind"] for f in report["faults"]] == [re.split("[:@]", f)[0] for f in faults]
 
 
@@ -177,6 +185,47 @@ def test_without_the_edge_audit_its_rule_and_panel_are_skipped(stack: list[str],
     audit_panels = [c for c in report["queries"] if edge.reads_audit(c["query"])]
     assert audit_panels and {c["status"] for c in audit_panels} == {"SKIPPED"}
     assert code == 0 and report["settings"]["edge_audit"] is False
+
+
+def test_without_the_backup_status_its_rule_and_panels_are_skipped(stack: list[str], tmp_path: Path) -> None:
+    code, report = simulate(stack, tmp_path, run=WITHOUT_BACKUPS)
+    alerts = by_uid(report)
+    assert alerts["telemetry-backup-overdue"]["status"] == al.SKIPPED
+    assert {a["status"] for uid, a in alerts.items() if uid != "telemetry-backup-overdue"} == {al.NORMAL}
+    backup_panels = [c for c in report["queries"] if backups.reads_backups(c["query"])]
+    assert backup_panels and {c["status"] for c in backup_panels} == {"SKIPPED"}
+    assert code == 0 and report["settings"]["backup_status"] is False
+
+
+def test_the_backup_rule_fires_when_no_host_reported_in_its_window(stack: list[str], backend: str) -> None:
+    """No report in the window is NoData, which the rule turns into Alerting; a fresh report within it is Normal."""
+    flags = dict(zip(stack[::2], stack[1::2], strict=True))
+    influx = vd.InfluxQL(flags["--influxdb-url"], flags["--influxdb-database"]) if backend == "influxdb" else None
+    prometheus = vm.PromQL(flags["--victoriametrics-url"]) if backend == "victoriametrics" else None
+    settings = al.run_settings(10, 1)  # the report window: the run's span, 10 s
+    rules = {rule["uid"]: (group, rule) for group, rule in al.load_rules(settings, al.ALERTING_DIRS[backend])}
+    group, rule = rules["telemetry-backup-overdue"]
+    window_s = int(settings["ALERT_BACKUP_REPORT_WINDOW_SECONDS"])
+    now_ns = time.time_ns()
+    connection: dict[str, Any] = (
+        {"influx_url": flags["--influxdb-url"], "database": flags["--influxdb-database"], "api_version": 1}
+        if backend == "influxdb"
+        else {"influx_url": flags["--victoriametrics-url"], "database": "telemetry"}
+    )
+
+    def evaluate() -> al.AlertCheck:
+        if prometheus is not None:
+            prometheus.flush()
+        return al.evaluate_rule(group, rule, influx, None, now_ns // 1_000_000, True, prometheus)
+
+    assert evaluate().status == al.NO_DATA  # nothing ever reported
+    stale = backups.reports((), now_ns - (window_s + 30) * 1_000_000_000, 20, 93600.0, every=10.0)
+    backups.write(written=stale, **connection)
+    check = evaluate()
+    assert check.status == al.NO_DATA and check.fires, check  # reports older than the window only
+    fresh = backups.reports((), now_ns - 2_000_000_000, 1, 93600.0)
+    backups.write(written=fresh, **connection)
+    assert evaluate().status == al.NORMAL
 
 
 def test_stores_that_refuse_connections_fire_the_store_rules_only(
@@ -211,6 +260,27 @@ def test_a_rule_that_stays_normal_under_its_fault_fails_the_run(stack: list[str]
     assert by_uid(report)["telemetry-gpu-memory-high"]["status"] == al.NORMAL
 
 
+def test_a_backup_rule_whose_threshold_is_never_reached_fails_the_run_under_its_fault(
+    stack: list[str], backend: str, tmp_path: Path
+) -> None:
+    broken = _broken_rules(tmp_path, backend, "- ${ALERT_BACKUP_MAX_AGE_SECONDS}", "- 1000000")
+    code, report = simulate(stack, tmp_path, "--fault", "backup-overdue@3", "--alerting", str(broken))
+    assert code & 16 and report["summary"]["alerts_wrong"] == ["telemetry-backup-overdue"]
+    assert by_uid(report)["telemetry-backup-overdue"]["status"] == al.NORMAL
+
+
+def test_a_backup_rule_with_a_threshold_below_a_days_age_fails_a_clean_run(
+    stack: list[str], backend: str, tmp_path: Path
+) -> None:
+    """A threshold of an hour fires on hosts whose last backup is a few hours old: the simulator reports it."""
+    broken = _broken_rules(tmp_path, backend, "- ${ALERT_BACKUP_MAX_AGE_SECONDS}", "- 3600")
+    code, report = simulate(stack, tmp_path, "--alerting", str(broken), "--datasource", METRICS_DATASOURCE[backend])
+    assert code == 16, report["summary"]
+    assert report["summary"]["alerts_wrong"] == ["telemetry-backup-overdue"]
+    firing = by_uid(report)["telemetry-backup-overdue"]["instances"]
+    assert sorted(i["labels"]["host"] for i in firing) == sorted(backups.HOSTS)  # every host's is over an hour
+
+
 def test_a_rule_that_fires_on_a_clean_run_fails_the_run(stack: list[str], backend: str, tmp_path: Path) -> None:
     broken = _broken_rules(tmp_path, backend, "- ${ALERT_HOST_DISK_PERCENT}", "- 0")
     only_metrics = ["--datasource", METRICS_DATASOURCE[backend]]
@@ -236,6 +306,11 @@ def test_a_fault_that_cannot_apply_is_a_usage_error(
 ) -> None:
     assert main([*influx_stack, *RUN, *FLEET, "--fault", fault]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_backup_fault_needs_the_backup_status(influx_stack: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*influx_stack, *WITHOUT_BACKUPS, *FLEET, "--fault", "backup-overdue"]) == 2
+    assert "fault backup-overdue needs the stack's backup reports: give --backup-status" in capsys.readouterr().err
 
 
 def test_the_edge_fault_needs_the_edge_audit_stream(

@@ -25,7 +25,7 @@ from servers import InfluxV1
 from simulator import dashboards as dash
 from simulator import validate as vd
 from simulator.cli import main
-from telemetry_client.catalog import CATALOG
+from telemetry_client.catalog import NODE_CATALOG
 
 pytestmark = pytest.mark.slow
 
@@ -93,7 +93,8 @@ def test_cli_flood_with_worker_processes_every_influxql_query_ok_and_nothing_los
     env["PYTHONPATH"] = str(REPO)
     argv = [sys.executable, "-m", "simulator", *influx_args(server, database), *QUICK]
     argv += ["--processes", "2", "--miners", "8", "--points-per-sec", "3000", "--run-id", "sim-e2e1"]
-    argv += ["--datasource", "influxdb", "--report", str(report_path)]
+    # The stack's own backup reports too, for the backup panels (else SKIPPED).
+    argv += ["--datasource", "influxdb", "--backup-status", "--report", str(report_path)]
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(report_path.read_text())
@@ -117,11 +118,11 @@ def test_cli_flood_with_worker_processes_every_influxql_query_ok_and_nothing_los
     fleet = report["fleet"]
     assert fleet["processes"] == 2
     sent_by_key = fleet["metrics"]["sent_by_key"]
-    # Every catalog measurement reached InfluxDB (gpu ones simulated, telemetry_client from the client).
-    assert set(sent_by_key) == set(CATALOG)
+    # Every node measurement of the catalog reached InfluxDB (gpu ones simulated, telemetry_client from the client).
+    assert set(sent_by_key) == set(NODE_CATALOG)
     assert sum(sent_by_key.values()) == fleet["metrics"]["sent"] == report["summary"]["points_sent"]
     assert report["summary"]["lost"] == 0 and report["summary"]["client_drops"] == {}
-    assert {row["key"] for row in report["delivery"]} == set(CATALOG)
+    assert {row["key"] for row in report["delivery"]} == set(NODE_CATALOG)
     assert all(row["ok"] and row["sent"] == row["stored"] for row in report["delivery"])
     # Independently of the simulator's own counting: the store holds what the workers reported sent.
     assert stored_points(server, database, "sim-e2e1", "training_step", "loss") == sent_by_key["training_step"]
@@ -292,7 +293,7 @@ def test_queries_and_counts_through_grafana_ds_query(
         }
         with GrafanaReceiver(sources, token="glsa_test_token") as grafana:
             argv += ["--lines-per-sec", "300", "--loki-url", loki.base_url, "--grafana-url", grafana.url]
-            argv += ["--edge-audit", "--loki-tenant-per-node", "--report", str(report_path)]
+            argv += ["--edge-audit", "--backup-status", "--loki-tenant-per-node", "--report", str(report_path)]
             code = main(argv)
     report = json.loads(report_path.read_text())
     assert code == 0, [q for q in report["queries"] if q["status"] not in ("OK", "SKIPPED")]
@@ -331,7 +332,8 @@ def test_wrong_grafana_credentials_fail_every_query(
     report_path = tmp_path / "report.json"
     argv = [*influx_args(server, database), *QUICK, "--duration", "1", "--processes", "0", "--miners", "2"]
     argv += ["--points-per-sec", "200", "--grafana-url", grafana.url, "--grafana-token-file", str(token_file)]
-    argv += ["--datasource", "influxdb", "--report", str(report_path)]
+    # The stack's own backup reports too, for the backup panels (else SKIPPED).
+    argv += ["--datasource", "influxdb", "--backup-status", "--report", str(report_path)]
     code = main(argv)
     report = json.loads(report_path.read_text())
     assert code & 1 and not code & 4

@@ -32,7 +32,7 @@ from simulator import validate as vd
 from simulator import victoria as vm
 from simulator.cli import main
 from telemetry_client import BufferSettings
-from telemetry_client.catalog import CATALOG
+from telemetry_client.catalog import NODE_CATALOG
 from telemetry_client.metrics import MetricsLogger
 
 pytestmark = pytest.mark.slow
@@ -293,8 +293,8 @@ def test_a_run_on_victoriametrics_runs_every_metricsql_query_and_accounts_for_ev
     stack: list[str], store: VictoriaMetrics, tmp_path: Path
 ) -> None:
     # Enough miner steps for the rare non-finite gradient norm that the drops panel shows; the edge's
-    # audit stream for the audit panel.
-    argv = ["--run-id", "sim-vmrun1", "--miners", "8", "--points-per-sec", "2000", "--edge-audit"]
+    # audit stream for the audit panel, the stack's backup reports for the backup panels.
+    argv = ["--run-id", "sim-vmrun1", "--miners", "8", "--points-per-sec", "2000", "--edge-audit", "--backup-status"]
     code, report = simulate(stack, tmp_path, *argv)
     assert code == 0, report["summary"]
     # Every query of grafana/dashboards-victoriametrics/ ran on the store and answered.
@@ -314,9 +314,9 @@ def test_a_run_on_victoriametrics_runs_every_metricsql_query_and_accounts_for_ev
     assert report["settings"]["metrics_backend"] == "victoriametrics"
     assert report["settings"]["victoriametrics_url"] == store.url
     sent = report["fleet"]["metrics"]["sent_by_key"]
-    assert set(sent) == set(CATALOG) and report["summary"]["lost"] == 0
+    assert set(sent) == set(NODE_CATALOG) and report["summary"]["lost"] == 0
     rows = {row["key"]: row for row in report["delivery"] if row["store"] == "victoriametrics"}
-    assert set(rows) == set(CATALOG)
+    assert set(rows) == set(NODE_CATALOG)
     assert all(row["ok"] and row["stored"] == sent[key] for key, row in rows.items())
     assert [row for row in report["delivery"] if row["store"] == "loki"] and all(r["ok"] for r in report["delivery"])
     # Read back independently of the simulator's counting: the store holds what the clients sent.

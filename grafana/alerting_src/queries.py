@@ -25,6 +25,11 @@ def maximum(field: str, measurement: str, by: Sequence[str] = NODE) -> str:
     return current_dialect().rule_maximum(field, measurement, by)
 
 
+def last(field: str, measurement: str, by: Sequence[str] = NODE) -> str:
+    """The newest value of `field` in the window, per group."""
+    return current_dialect().rule_last(field, measurement, by)
+
+
 def spread(field: str, measurement: str, by: Sequence[str] = NODE) -> str:
     """The largest minus the smallest value of `field` in the window, per group."""
     return current_dialect().rule_spread(field, measurement, by)

@@ -5,9 +5,10 @@ The metrics rules are built for the metrics store of the build
 which writes each in InfluxQL or MetricsQL, naming only what
 telemetry_client/catalog.py defines; the log rules are LogQL over the stream labels
 the Loki handler sets, the same for either store; the edge rule is LogQL over the edge's
-audit stream (grafana/builder/audit.py). Every rule's labels come from the query's
+audit stream (grafana/builder/audit.py); the backup rule reads what the stack writes
+about its own backups (stack_backup, one series per host). Every rule's labels come from the query's
 GROUP BY / `by` (network, role, uid...), so one alert instance is one node (or process,
-or device; for the edge rule, one address).
+or device; for the edge rule, one address; for the backup rule, one host).
 
 Annotations and labels use Go templates over `.Labels` and `.Values`, never `$`:
 Grafana expands `$NAME` in labels as an environment variable when it reads the file
@@ -396,6 +397,42 @@ def edge_refused_credentials() -> Rule:
     )
 
 
+def backup_overdue() -> Rule:
+    # One instance per host: the measurement is the stack's own (no node tags), one series per host.
+    return Rule(
+        uid="telemetry-backup-overdue",
+        title="Backup overdue",
+        # A NoData alert has neither the host label nor a value B: the if keeps the template from reading them.
+        summary='{{ if .Labels.host }}No successful backup of {{ .Labels.host }} for {{ printf "%.0f" '
+        '(index .Values "B").Value }} seconds{{ else }}No host reported its backups{{ end }}',
+        description=(
+            "{{ if .Labels.host }}Host {{ .Labels.host }} reported that its last successful backup ended {{ printf "
+            '"%.0f" (index .Values "B").Value }} seconds ago (threshold ALERT_BACKUP_MAX_AGE_SECONDS): its '
+            "scheduled backups fail or stopped running, and losing the host now loses what changed since."
+            "{{ else }}No host reported its backups in the last ALERT_BACKUP_REPORT_WINDOW_SECONDS seconds: the "
+            "backup role's report timers stopped, or cannot write to the metrics store.{{ end }} The host's "
+            "backup journal tells why; the Telemetry health dashboard shows every host's age."
+        ),
+        severity="warning",
+        data=[
+            metrics_query(
+                "A", q.last("age_seconds", "stack_backup", ("host",)), TimeRange("ALERT_BACKUP_REPORT_WINDOW_SECONDS")
+            ),
+            reduce("B", "A", "last"),
+            threshold("C", "B", "gt", "ALERT_BACKUP_MAX_AGE_SECONDS"),
+        ],
+        condition="C",
+        no_data_state="Alerting",
+        no_data_reason="no host reported in the window: the report timers are not running, so nothing says "
+        "whether any backup is taken",
+        exec_err_state="KeepLast",
+        exec_err_reason="the store rules report a failing metrics store once; this rule keeps its last state",
+        panel=PanelLink("telemetry-health", "Time since the last successful backup, by host"),
+        pending="0s",  # the age and the report window are durations already
+        fired_by=("backup-overdue",),
+    )
+
+
 def groups(backend: Backend = "influxdb") -> dict[str, tuple[Rule, ...]]:
     """Group name to its rules, built for `backend`; a group is evaluated as one at ALERT_EVALUATION_SECONDS."""
     with building_for(backend):
@@ -404,6 +441,7 @@ def groups(backend: Backend = "influxdb") -> dict[str, tuple[Rule, ...]]:
             "resources": (gpu_memory_high(), host_memory_high(), host_disk_high()),
             "telemetry": (client_drops(), log_errors_above_baseline(), metrics_store_unavailable(), loki_unavailable()),
             "edge": (edge_refused_credentials(),),
+            "stack": (backup_overdue(),),
         }
 
 

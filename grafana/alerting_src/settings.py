@@ -172,6 +172,20 @@ SETTINGS: tuple[Setting, ...] = (
         "10",
     ),
     Setting(
+        "ALERT_BACKUP_MAX_AGE_SECONDS",
+        "93600",
+        "seconds",
+        "backups: fires when a host's latest report says its last successful backup ended longer ago than "
+        "this (26 h: a daily backup, its randomized delay and its run time)",
+        "93600",
+    ),
+    Setting(
+        "ALERT_BACKUP_REPORT_WINDOW_SECONDS",
+        "2700",
+        "seconds",
+        "backups: fires when no host reported its backups in this window (a report comes every 15 minutes)",
+    ),
+    Setting(
         "ALERT_STORE_WINDOW_SECONDS",
         "600",
         "seconds",

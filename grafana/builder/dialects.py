@@ -137,6 +137,11 @@ class Dialect(ABC):
         """Table queries: the nodes whose processes dropped the most, then (where the language needs
         one query per column) the same nodes' other counters."""
 
+    @abstractmethod
+    def stack_series(self, field: str, measurement: str, *, agg: str, by: Sequence[str]) -> str:
+        """`agg` of `field` per interval, one line per `by` group, of a measurement the stack writes about
+        itself (no node filter: it has no node tag)."""
+
     # ------------------------------------------------------------ alert rules
 
     @abstractmethod
@@ -146,6 +151,10 @@ class Dialect(ABC):
     @abstractmethod
     def rule_maximum(self, field: str, measurement: str, by: Sequence[str]) -> str:
         """The largest value of `field` in the window, per group."""
+
+    @abstractmethod
+    def rule_last(self, field: str, measurement: str, by: Sequence[str]) -> str:
+        """The newest value of `field` in the window, per group."""
 
     @abstractmethod
     def rule_spread(self, field: str, measurement: str, by: Sequence[str]) -> str:
@@ -266,6 +275,9 @@ class InfluxQL(Dialect):
         """One query: a subquery keeps the other counters beside `dropped`."""
         return [influxql.most_dropped(count)]
 
+    def stack_series(self, field: str, measurement: str, *, agg: str, by: Sequence[str]) -> str:
+        return influxql.stack_series(field, measurement, agg=agg, by=by)
+
     @staticmethod
     def _select(fields: str, measurements: Sequence[str], by: Sequence[str]) -> str:
         """InfluxQL over the rule's own window ($timeFilter), one series per `by` group."""
@@ -279,6 +291,9 @@ class InfluxQL(Dialect):
 
     def rule_maximum(self, field: str, measurement: str, by: Sequence[str]) -> str:
         return self._select(f'max("{field}")', [measurement], by)
+
+    def rule_last(self, field: str, measurement: str, by: Sequence[str]) -> str:
+        return self._select(f'last("{field}")', [measurement], by)
 
     def rule_spread(self, field: str, measurement: str, by: Sequence[str]) -> str:
         return self._select(f'spread("{field}")', [measurement], by)
@@ -398,6 +413,9 @@ class MetricsQL(Dialect):
         top, columns = metricsql.most_dropped(count)
         return [top, *columns]
 
+    def stack_series(self, field: str, measurement: str, *, agg: str, by: Sequence[str]) -> str:
+        return metricsql.stack_series(field, measurement, agg=agg, by=by)
+
     @staticmethod
     def _window(field: str, measurement: str) -> str:
         """The series of `field` in `measurement`, over the window."""
@@ -423,6 +441,10 @@ class MetricsQL(Dialect):
 
     def rule_maximum(self, field: str, measurement: str, by: Sequence[str]) -> str:
         return f"max{_by(by)} (max_over_time({self._window(field, measurement)}))"
+
+    def rule_last(self, field: str, measurement: str, by: Sequence[str]) -> str:
+        """Where a group holds several series (the same host written twice), the largest of their latest values."""
+        return f"max{_by(by)} (last_over_time({self._window(field, measurement)}))"
 
     def rule_spread(self, field: str, measurement: str, by: Sequence[str]) -> str:
         series = self._window(field, measurement)

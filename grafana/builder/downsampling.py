@@ -45,7 +45,7 @@ def rollup_select(measurement: Measurement) -> str:
     """The SELECT list that reduces one period of `measurement`, keeping every field's name."""
     parts = []
     for field in measurement.fields:
-        if field.kind != "float":
+        if field.kind == "string":
             continue
         if field.rollup not in ROLLUPS:
             raise ValueError(f"{measurement.name}.{field.name}: unknown rollup {field.rollup!r}")
@@ -129,7 +129,7 @@ def flux_task(measurement: Measurement) -> str:
     """The InfluxDB 2.x task that keeps `measurement`'s copy up to date (one pipeline per rollup)."""
     by_rollup: dict[str, list[str]] = {}
     for field in measurement.fields:
-        if field.kind == "float":
+        if field.kind != "string":
             by_rollup.setdefault(field.rollup, []).append(field.name)
     lines = [
         f"// Downsamples {measurement.name} into one point per {DOWNSAMPLE_EVERY} per series"

@@ -270,3 +270,9 @@ def show_tag_values(key: str, source: str | None, depends_on: Sequence[str]) -> 
     if where:
         query += f" WHERE {where}"
     return query
+
+
+def stack_series(field: str, measurement: str, *, agg: str, by: Sequence[str]) -> str:
+    """`agg` of `field` per interval and `by` group, of a measurement the stack writes: no node filter applies."""
+    group = ", ".join(["time($__interval)", *(f'"{tag}"' for tag in by)])
+    return f'SELECT {agg}("{field}") FROM "{measurement}" WHERE $timeFilter GROUP BY {group} fill(none)'

@@ -220,3 +220,11 @@ def label_values(key: str, source: str | None, depends_on: Sequence[str]) -> str
     if not source and not depends_on:
         return f"label_values({key})"
     return f"label_values({{{', '.join(matchers)}}}, {key})"
+
+
+def stack_series(field: str, measurement: str, *, agg: str, by: Sequence[str]) -> str:
+    """`agg` of `field` per interval and `by` group, of a measurement the stack writes: no node filter applies."""
+    if agg not in ROLLUPS:
+        raise ValueError(f"no MetricsQL rollup for {agg!r}: expected one of {', '.join(ROLLUPS)}")
+    rollup, combine = ROLLUPS[agg]
+    return f"{combine}{_by(by)}({rollup}({metric(measurement, field)}[$__interval]))"

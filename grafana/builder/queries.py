@@ -68,6 +68,12 @@ def fleet_and_nodes(
     return [fleet, dialect.target(refs[1], nodes, f"{prefix}{node_legend}{tags}")]
 
 
+def stack_series(ref: str, agg: str, field: str, measurement: str, *, by: Sequence[str], legend: str) -> Json:
+    """`agg` of `field` per interval, one line per `by` group, of a measurement the stack writes about itself."""
+    dialect = current_dialect()
+    return dialect.target(ref, dialect.stack_series(field, measurement, agg=agg, by=by), legend)
+
+
 def spread_note(beyond: str, whose: str, across: str = "") -> str:
     """For a fleet panel's description: how its long ranges read a Spread (InfluxDB; VictoriaMetrics has no copy)."""
     return current_dialect().long_range_note(beyond, whose, across)

@@ -1,10 +1,12 @@
-"""Telemetry health: the telemetry client's own counters, per sink, and what the production edge refused."""
+"""Telemetry health: the telemetry client's own counters, per sink, what the production edge refused, and
+how old the stack's own backups are."""
 
 from __future__ import annotations
 
+from grafana.alerting_src.settings import BY_NAME
 from grafana.builder import audit
 from grafana.builder.panels import Layout, dashboard
-from grafana.builder.queries import DROP_REASONS, counter_rates, fleet_and_nodes, most_dropped_nodes
+from grafana.builder.queries import DROP_REASONS, counter_rates, fleet_and_nodes, most_dropped_nodes, stack_series
 from grafana.builder.targets import Json, loki_target
 from grafana.builder.variables import metric_variable, node_variables
 
@@ -83,6 +85,28 @@ def build() -> Json:
         ),
         width=24,
     )
+    ly.row("Backups of the stack")
+    max_age = BY_NAME["ALERT_BACKUP_MAX_AGE_SECONDS"]
+    reports = (
+        "Reported by the backup role's report timer on each stateful host (measurement stack_backup), after "
+        "every backup run and every 15 minutes; empty on a stack whose backups are not scheduled, such as the "
+        "local one. The UID and Sink variables do not apply."
+    )
+    ly.timeseries(
+        "Time since the last successful backup, by host",
+        "Seconds from the end of each host's last successful backup to its report (a host where none ever "
+        "succeeded: since its backup was installed). The alert rule telemetry-backup-overdue fires above "
+        f"{max_age.name} ({int(max_age.default) // 3600} h by default), and when no host reported for "
+        f"ALERT_BACKUP_REPORT_WINDOW_SECONDS. {reports}",
+        stack_series("A", "max", "age_seconds", "stack_backup", by=("host",), legend="{host}"),
+        unit="s",
+    )
+    ly.timeseries(
+        "Last backup run succeeded, by host",
+        "1 when the host's latest backup run succeeded, 0 when it failed (the lowest in each interval: a failed "
+        f"run shows). {reports}",
+        stack_series("A", "min", "last_run_ok", "stack_backup", by=("host",), legend="{host}"),
+    )
     variables = [
         *node_variables("telemetry_client"),
         metric_variable("sink", "Sink", "sink", "telemetry_client", ("network",)),
@@ -91,7 +115,7 @@ def build() -> Json:
         "telemetry-health",
         "Telemetry health",
         "The telemetry client's own counters: queued, sent, retried and dropped, per sink; the requests the "
-        "production edge refused, per node.",
+        "production edge refused, per node; the age of the stack's own backups, per host.",
         ["telemetry-health"],
         variables,
         ly,
