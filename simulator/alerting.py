@@ -22,7 +22,7 @@ should when it fires exactly under the faults that are meant to fire it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -123,6 +123,20 @@ def expected_rules(faults: Sequence[ActiveFault]) -> set[str]:
     """Uids of the rules the run's faults are meant to fire."""
     kinds = {f.kind for f in faults}
     return {rule.uid for rule in RULES if kinds & set(rule.fired_by)}
+
+
+def skip_where(
+    rules: Sequence[tuple[str, Mapping[str, Any]]],
+    checks: Sequence[AlertCheck],
+    reads: Callable[[str], bool],
+    reason: str,
+) -> None:
+    """Rules with a query that `reads` picks (data this run did not write) are SKIPPED, with the reason."""
+    for (_, rule), check in zip(rules, checks, strict=True):
+        texts = [q["model"].get("query") or q["model"].get("expr") or "" for q in rule["data"]]
+        if check.status != SKIPPED and any(reads(text) for text in texts):
+            check.status, check.fires, check.instances = SKIPPED, False, []
+            check.message = reason
 
 
 # ---------------------------------------------------------------- queries

@@ -27,10 +27,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 
-from simulator import dashboards as dash
-from simulator import validate as vd
 from simulator.faults import ActiveFault
 from telemetry_client.config import influxdb_config
 
@@ -147,18 +144,9 @@ def write(
     return len(written)
 
 
+WITHOUT_BACKUPS = "no backup reports in this run (--backup-status)"
+
+
 def reads_backups(text: str) -> bool:
     """Whether a metrics query reads the stack's backup reports (InfluxQL or MetricsQL)."""
     return bool(_READS.search(text))
-
-
-@dataclass(frozen=True)
-class WithoutBackups:
-    """A metrics runner for a run without backup reports: their queries are SKIPPED, the others run."""
-
-    runner: vd.Runner
-
-    def run(self, query: dash.Query, text: str, window: dash.TimeRange, interval: timedelta) -> vd.Outcome:
-        if reads_backups(text):
-            return vd.Outcome(vd.SKIPPED, "no backup reports in this run (--backup-status)")
-        return self.runner.run(query, text, window, interval)

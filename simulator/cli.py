@@ -694,9 +694,11 @@ def execute(args: argparse.Namespace, line_counter: LineCounter | None = None) -
         delivery = account_delivery(stack, fleet, window, args.settle, line_counter, uids)
         runners = runners_for(stack, selected)
         if not args.edge_audit and "loki" in runners:
-            runners["loki"] = edge.WithoutAudit(runners["loki"])
+            runners["loki"] = vd.SkipWhere(runners["loki"], edge.reads_audit, edge.WITHOUT_AUDIT)
         if not args.backup_status and stack.metrics_datasource in runners:
-            runners[stack.metrics_datasource] = bk.WithoutBackups(runners[stack.metrics_datasource])
+            runners[stack.metrics_datasource] = vd.SkipWhere(
+                runners[stack.metrics_datasource], bk.reads_backups, bk.WITHOUT_BACKUPS
+            )
         checks = vd.check_dashboards(
             dashboards,
             runners,
@@ -792,16 +794,9 @@ def evaluate_alerts(
         rules, sources["influxdb"], sources["loki"], ended_ms, faults, fleet.load_seconds, sources["prometheus"]
     )
     if not args.edge_audit:
-        for (_, rule), check in zip(rules, checks, strict=True):
-            if any(edge.reads_audit(q["model"].get("expr", "")) for q in rule["data"]) and check.status != al.SKIPPED:
-                check.status, check.fires, check.instances = al.SKIPPED, False, []
-                check.message = "no edge audit stream in this run (--edge-audit)"
+        al.skip_where(rules, checks, edge.reads_audit, edge.WITHOUT_AUDIT)
     if not args.backup_status:
-        for (_, rule), check in zip(rules, checks, strict=True):
-            texts = [q["model"].get("query") or q["model"].get("expr") or "" for q in rule["data"]]
-            if any(bk.reads_backups(text) for text in texts) and check.status != al.SKIPPED:
-                check.status, check.fires, check.instances = al.SKIPPED, False, []
-                check.message = "no backup reports in this run (--backup-status)"
+        al.skip_where(rules, checks, bk.reads_backups, bk.WITHOUT_BACKUPS)
     return checks
 
 

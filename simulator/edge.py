@@ -33,12 +33,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from grafana.builder import audit
-from simulator import dashboards as dash
-from simulator import validate as vd
 from simulator.faults import ActiveFault
 from simulator.fleet import NodeSpec
 
@@ -197,18 +194,9 @@ def push(loki_url: str, answered: Sequence[Request], timeout: float = 30.0) -> i
     return pushed
 
 
+WITHOUT_AUDIT = "no edge audit stream in this run (--edge-audit)"
+
+
 def reads_audit(text: str) -> bool:
     """Whether a LogQL query reads the edge's audit stream (it selects the edge's tenant)."""
     return f'__tenant_id__="{audit.EDGE_TENANT}"' in text
-
-
-@dataclass(frozen=True)
-class WithoutAudit:
-    """A Loki runner for a run without the audit stream: its queries are SKIPPED, the others run."""
-
-    runner: vd.Runner
-
-    def run(self, query: dash.Query, text: str, window: dash.TimeRange, interval: timedelta) -> vd.Outcome:
-        if reads_audit(text):
-            return vd.Outcome(vd.SKIPPED, "no edge audit stream in this run (--edge-audit)")
-        return self.runner.run(query, text, window, interval)

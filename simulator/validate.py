@@ -226,6 +226,20 @@ class LokiQL:
         return Outcome(OK if values else EMPTY, "" if values else "no values in the run's window", series, values)
 
 
+@dataclass(frozen=True)
+class SkipWhere:
+    """A runner for a run that did not write some data: the queries `reads` picks are SKIPPED, the others run."""
+
+    runner: Runner
+    reads: Callable[[str], bool]
+    reason: str
+
+    def run(self, query: dash.Query, text: str, window: dash.TimeRange, interval: timedelta) -> Outcome:
+        if self.reads(text):
+            return Outcome(SKIPPED, self.reason)
+        return self.runner.run(query, text, window, interval)
+
+
 _LABEL_VALUES = re.compile(r"^\s*label_values\(\s*(?:(\{.*\})\s*,\s*)?([A-Za-z_]\w*)\s*\)\s*$")
 
 
