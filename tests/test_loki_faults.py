@@ -264,6 +264,19 @@ def test_35_too_old_and_1001_valid_lines_are_stored_once_and_counted_exactly(han
         assert len(receiver.requests) == 1  # nothing resent
 
 
+def test_lines_within_the_second_of_the_age_cut_off_are_counted_as_loki_stored_them(handlers):
+    """Loki prints the cut-off to the second; its grouped message counts the refused lines of that second."""
+    with LokiReceiver(limits=Limits(reject_old_samples_max_age=600)) as receiver:
+        logger, handler = shipping_logger(receiver, handlers, flush_interval=30)
+        for i in range(300):  # 3 s of lines around the cut-off, 10 ms apart
+            logger.handle(old_record(logger, f"edge{i}", 601.5 - i * 0.01))
+        assert handler.flush(20) == 0
+        stats = exact(receiver, handler, 300)
+    refused = stats["dropped_by_reason"].get("greater_than_max_sample_age", 0)
+    assert 0 < refused < 300 and stats["sent"] == 300 - refused
+    assert len(receiver.requests) == 1  # nothing resent
+
+
 def test_600_lines_pushed_with_a_refused_one_are_stored_once_and_the_limit_is_named(handlers, caplog):
     with LokiReceiver(limits=Limits(max_line_size=2000), version=(3, 6)) as receiver:
         logger, handler = shipping_logger(receiver, handlers, flush_interval=30)

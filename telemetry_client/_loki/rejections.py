@@ -100,6 +100,8 @@ class Rejection:
     metadata_larger_than: int | None = None  # bytes of names and values
     metadata_more_than: int | None = None  # number of pairs
     with_metadata: bool = False
+    # At most this many of the entries it matches are refused, the oldest first (None: all of them).
+    count: int | None = None
 
     def matches(self, labels: Mapping[str, str], ts: int, line_bytes: int, metadata: Mapping[str, str] | None) -> bool:
         if self.labels is not None and not same_stream(self.labels, labels):
@@ -198,6 +200,15 @@ def _ingester_reason(text: str) -> str:
     return next((reason for phrase, reason in _INGESTER_REASONS if phrase in lowered), REJECTED)
 
 
+_GROUP_COUNT = re.compile(r"(\d+) errors like: $")
+
+
+def _count(text: str, message: re.Match[str]) -> int:
+    """How many entries the message at `message` stands for: "N errors like: <message>" (pkg/util/errors.go), else 1."""
+    prefix = _GROUP_COUNT.search(text, max(0, message.start() - 32), message.start())
+    return int(prefix.group(1)) if prefix else 1
+
+
 def parse_rejections(text: str) -> list[Rejection]:
     """The refused entries a Loki 4xx text names; empty when it names none this parser knows."""
     return parse_answer(text)[0]
@@ -241,10 +252,18 @@ def parse_answer(text: str) -> tuple[list[Rejection], list[IgnoredTotal]]:
             named = parse_time(m.group("o_ts"))
             oldest = parse_time(m.group("o_min") or "")
             if named is not None:
-                limit = named[0] + named[1]
-                if oldest is not None:
-                    limit = max(limit, oldest[0])
-                found.append(Rejection(TOO_OLD, labels, ts_to=limit))
+                second_end = named[0] + named[1]
+                if oldest is not None and oldest[0] >= second_end:
+                    # Every entry of the named second is older than the cut-off, which Loki prints
+                    # rounded down: the named second and all before it are refused.
+                    found.append(Rejection(TOO_OLD, labels, ts_to=oldest[0]))
+                elif oldest is not None:
+                    # The cut-off falls inside the named second: the entries before it are refused,
+                    # those after it stored. The message is grouped by its text, so its count says
+                    # how many of the second's entries were refused: the oldest ones.
+                    found.append(Rejection(TOO_OLD, labels, ts_from=named[0], ts_to=second_end, count=_count(text, m)))
+                else:  # Loki 2.x names each entry exactly and no cut-off
+                    found.append(Rejection(TOO_OLD, labels, ts_to=second_end))
         elif kind == "new":
             named = parse_time(m.group("n_ts"))
             if named is not None:

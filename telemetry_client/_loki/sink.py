@@ -279,15 +279,25 @@ class LokiSink:
         stored: list[Item] = []
         refused: list[tuple[Item, str]] = []
         refused_by_key: dict[str, int] = {}
+        counted: dict[int, list[Item]] = {}  # a rejection with a count: the entries it matches
         for item in items:
             key, ts, _line, metadata, line_bytes = item[0]
             labels = self.labels_by_key.get(key, {})
-            rejection = next((r for r in rejections if r.matches(labels, ts, line_bytes, metadata)), None)
-            if rejection is None:
+            index = next((i for i, r in enumerate(rejections) if r.matches(labels, ts, line_bytes, metadata)), None)
+            if index is None:
                 stored.append(item)
+            elif rejections[index].count is not None:
+                counted.setdefault(index, []).append(item)
             else:
-                refused.append((item, rejection.reason))
+                refused.append((item, rejections[index].reason))
                 refused_by_key[key] = refused_by_key.get(key, 0) + 1
+        for index, matching in counted.items():  # Loki refused the oldest of them, as many as it says
+            matching.sort(key=lambda item: item[0][1])
+            limit = rejections[index].count or 0
+            for item in matching[:limit]:
+                refused.append((item, rejections[index].reason))
+                refused_by_key[item[2]] = refused_by_key.get(item[2], 0) + 1
+            stored.extend(matching[limit:])
         for total in totals:  # entries refused beyond the ten the ingester lists
             key = next((k for k, labels in self.labels_by_key.items() if same_stream(total.labels, labels)), None)
             missing = total.count - refused_by_key.get(key, 0) if key is not None else 0
