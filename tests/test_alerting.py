@@ -303,6 +303,8 @@ def test_the_backup_rule_alerts_when_no_host_reports_unless_set_to_ok(tmp_path: 
     assert backup_no_data_state(tmp_path / "default" / "rules.yaml") == "Alerting"
     rd.render_dir(DIRS[backend], tmp_path / "ok", {"ALERT_BACKUP_NO_REPORT_STATE": "OK"})
     assert backup_no_data_state(tmp_path / "ok" / "rules.yaml") == "OK"
+    with pytest.raises(ValueError, match="ALERT_BACKUP_NO_REPORT_STATE must be one of Alerting, OK, got 'Firing'"):
+        rd.render_dir(DIRS[backend], tmp_path / "bad", {"ALERT_BACKUP_NO_REPORT_STATE": "Firing"})
 
 
 def test_a_no_data_state_placeholder_must_name_a_choice_of_grafana_states() -> None:
