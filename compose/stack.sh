@@ -230,8 +230,9 @@ VICTORIAMETRICS_PORT=8428
 VICTORIAMETRICS_RETENTION=30d
 
 # Alerting (docs/alerting.md). Uncomment a threshold to change it; the defaults
-# are in grafana/alerting/settings.env. Contact points: a webhook URL (Discord,
-# Slack or any JSON receiver; its kind in ALERT_WEBHOOK_TYPE) goes into
+# are in grafana/alerting/settings.env, except ALERT_BACKUP_NO_REPORT_STATE, which
+# is OK here (no backup timer runs on this stack). Contact points: a webhook URL
+# (Discord, Slack or any JSON receiver; its kind in ALERT_WEBHOOK_TYPE) goes into
 # compose/secrets/alerting_webhook_url; email addresses here (email also needs
 # GF_SMTP_ENABLED=true, GF_SMTP_HOST and GF_SMTP_FROM_ADDRESS). With none set,
 # alerts still show in Grafana and go nowhere.

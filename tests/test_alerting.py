@@ -23,6 +23,7 @@ Both sets are checked: grafana/alerting/ (InfluxQL) and grafana/alerting-victori
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -236,7 +237,7 @@ def test_every_placeholder_is_a_setting_and_every_setting_is_used(backend: str) 
     ("name", "value"),
     [("ALERT_GPU_MEMORY_PERCENT", "95%"), ("ALERT_LOSS_WINDOW_SECONDS", "5m"), ("ALERT_NODE_SILENT_STEPS", "0"),
      ("ALERT_WEBHOOK_TYPE", "teams"), ("ALERT_NO_SUCH_SETTING", "1"), ("ALERT_LOSS_WINDOW_SECONDS", "0600"),
-     ("ALERT_NODE_SILENT_STEP_SECONDS", "0")],
+     ("ALERT_NODE_SILENT_STEP_SECONDS", "0"), ("ALERT_BACKUP_NO_REPORT_STATE", "Firing")],
 )  # fmt: skip
 def test_a_malformed_setting_is_refused_with_its_name(name: str, value: str) -> None:
     with pytest.raises(ValueError, match=name):
@@ -285,6 +286,34 @@ def test_every_data_query_window_is_bounded_by_settings_the_checks_know() -> Non
     # With the defaults and the simulator's values every window starts before it ends.
     for values in (st.defaults(), al.run_settings(10.0, 1.0), al.run_settings(1.0, 1.0)):
         assert all(int(values[w.start]) > int(values.get(w.end, w.end)) for w in st.time_ranges())
+
+
+def backup_no_data_state(rules_file: Path) -> str:
+    """The noDataState of the backup rule in a rendered rules file."""
+    document = yaml.safe_load(rules_file.read_text())
+    [rule] = [r for g in document["groups"] for r in g["rules"] if r["uid"] == "telemetry-backup-overdue"]
+    return rule["noDataState"]
+
+
+@SETS
+def test_the_backup_rule_alerts_when_no_host_reports_unless_set_to_ok(tmp_path: Path, backend: str) -> None:
+    """Production (settings.env's default, which the Ansible role keeps) fires; OK is for a stack without backups."""
+    assert st.defaults()["ALERT_BACKUP_NO_REPORT_STATE"] == "Alerting"
+    rd.render_dir(DIRS[backend], tmp_path / "default")
+    assert backup_no_data_state(tmp_path / "default" / "rules.yaml") == "Alerting"
+    rd.render_dir(DIRS[backend], tmp_path / "ok", {"ALERT_BACKUP_NO_REPORT_STATE": "OK"})
+    assert backup_no_data_state(tmp_path / "ok" / "rules.yaml") == "OK"
+    with pytest.raises(ValueError, match="ALERT_BACKUP_NO_REPORT_STATE must be one of Alerting, OK, got 'Firing'"):
+        rd.render_dir(DIRS[backend], tmp_path / "bad", {"ALERT_BACKUP_NO_REPORT_STATE": "Firing"})
+
+
+def test_a_no_data_state_placeholder_must_name_a_choice_of_grafana_states() -> None:
+    """Grafana refuses a noDataState it does not know (NoDataStateFromString): only such choices may stand there."""
+    [rule] = [r for r in RULES if r.uid == "telemetry-backup-overdue"]
+    assert rule.no_data_state == "${ALERT_BACKUP_NO_REPORT_STATE}"
+    for value in ("${ALERT_WEBHOOK_TYPE}", "${ALERT_PENDING_SECONDS}", "${ALERT_NO_SUCH_SETTING}", "Firing"):
+        with pytest.raises(ValueError, match="noDataState"):
+            dataclasses.replace(rule, no_data_state=value)
 
 
 def test_an_unknown_placeholder_is_refused() -> None:
@@ -435,7 +464,8 @@ def test_the_entrypoint_without_contact_points_provisions_the_rules_only(tmp_pat
 @pytest.mark.parametrize(
     ("name", "value"),
     [("ALERT_LOSS_WINDOW_SECONDS", "5m"), ("ALERT_GPU_MEMORY_PERCENT", "9x"), ("ALERT_NODE_SILENT_STEPS", "0"),
-     ("ALERT_WEBHOOK_TYPE", "teams"), ("ALERT_LOSS_JUMP_RATIO", "1.2.3")],
+     ("ALERT_WEBHOOK_TYPE", "teams"), ("ALERT_LOSS_JUMP_RATIO", "1.2.3"), ("ALERT_BACKUP_NO_REPORT_STATE", "Firing"),
+     ("ALERT_BACKUP_NO_REPORT_STATE", "OK Alerting")],
 )  # fmt: skip
 def test_the_entrypoint_refuses_a_malformed_setting_by_name(tmp_path: Path, name: str, value: str) -> None:
     done = run_entrypoint(tmp_path, **{name: value})
@@ -450,6 +480,16 @@ def test_the_entrypoint_refuses_what_grafana_would_refuse_in_one_line(
     done = run_entrypoint(tmp_path, **overrides)
     assert done.returncode == 1 and "provisioning=" not in done.stdout, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and all(word in done.stderr for word in named), done.stderr
+
+
+@pytest.mark.slow
+def test_the_entrypoint_alerts_when_no_host_reports_backups_unless_set_to_ok(tmp_path: Path) -> None:
+    """Without the variable (production: the Ansible role passes only what is set) the default is Alerting."""
+    for name, env, state in (("default", {}, "Alerting"), ("ok", {"ALERT_BACKUP_NO_REPORT_STATE": "OK"}, "OK")):
+        (tmp_path / name).mkdir()
+        done = run_entrypoint(tmp_path / name, **env)
+        assert done.returncode == 0, done.stderr
+        assert backup_no_data_state(tmp_path / name / "provisioning" / "alerting" / "rules.yaml") == state
 
 
 @pytest.mark.slow
@@ -468,8 +508,10 @@ def test_the_entrypoint_accepts_windows_that_start_before_they_end(tmp_path: Pat
 def test_compose_passes_every_setting_and_mounts_the_alerting_files() -> None:
     compose = yaml.safe_load((ROOT / "compose" / "docker-compose.yml").read_text())
     grafana = compose["services"]["grafana"]
+    # No backup timer runs on the local stack: no host ever reports, so the backup rule's no data is OK there.
+    local = {"ALERT_BACKUP_NO_REPORT_STATE": "OK"}
     for setting in st.SETTINGS:
-        assert grafana["environment"][setting.name] == "${" + setting.name + ":-}", setting.name
+        assert grafana["environment"][setting.name] == "${" + setting.name + ":-" + local.get(setting.name, "") + "}"
     assert grafana["environment"]["ALERTING_WEBHOOK_URL_FILE"] == "/run/secrets/alerting_webhook_url"
     # Each metrics backend's file mounts its own generated rules where the entrypoint reads them.
     for backend, directory in (("influxdb", "alerting"), ("victoriametrics", "alerting-victoriametrics")):

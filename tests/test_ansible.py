@@ -1352,3 +1352,27 @@ def test_influxdb_preflight_refuses_an_operator_token_shorter_than_32_random_byt
     short = _run_influxdb_preflight(tmp_path, influxdb_admin_token=secrets.token_urlsafe(32)[:42])
     assert short.returncode != 0 and "43 characters or more" in short.stdout
     _assert_ok(_run_influxdb_preflight(tmp_path, influxdb_admin_token=secrets.token_urlsafe(32)))
+
+
+def _run_grafana_alert_checks(tmp_path: Path, settings: dict[str, str]) -> subprocess.CompletedProcess:
+    """The grafana role's checks of grafana_alerting_settings (tasks/alerting.yml), on the controller only."""
+    playbook = tmp_path / "alerting.yml"
+    playbook.write_text(
+        "- name: Alert settings\n  hosts: localhost\n  gather_facts: false\n  tasks:\n"
+        "    - name: Run the grafana role's alert setting checks\n      ansible.builtin.include_role:\n"
+        "        name: grafana\n        tasks_from: alerting.yml\n"
+    )
+    extra_vars = tmp_path / "alerting-vars.json"
+    extra_vars.write_text(
+        json.dumps({"grafana_alerting_src": str(REPO / "grafana" / "alerting"), "grafana_alerting_settings": settings})
+    )
+    return _run(["ansible-playbook", "-i", "localhost,", "-c", "local", "-e", f"@{extra_vars}", str(playbook)])
+
+
+def test_grafana_role_takes_a_choice_setting_only_among_its_words(tmp_path):
+    """settings.env lists each choice setting's words; the role refuses any other by the setting's name."""
+    chosen = {"ALERT_BACKUP_NO_REPORT_STATE": "OK", "ALERT_WEBHOOK_TYPE": "slack"}
+    _assert_ok(_run_grafana_alert_checks(tmp_path, chosen))
+    for name, value in (("ALERT_BACKUP_NO_REPORT_STATE", "Firing"), ("ALERT_WEBHOOK_TYPE", "teams")):
+        refused = _run_grafana_alert_checks(tmp_path, {name: value})
+        assert refused.returncode != 0 and f"grafana_alerting_settings.{name} must be one of" in refused.stdout

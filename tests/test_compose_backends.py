@@ -576,6 +576,38 @@ def test_grafana_entrypoint_renders_the_victoriametrics_rules_it_is_given(tmp_pa
     assert "victoriametrics" in queried and "influxdb" not in queried
 
 
+@pytest.mark.parametrize("backend", ["influxdb", "victoriametrics"])
+@pytest.mark.parametrize(
+    ("env_lines", "state"), [({}, "OK"), ({"ALERT_BACKUP_NO_REPORT_STATE": "Alerting"}, "Alerting")]
+)
+def test_the_local_grafana_keeps_the_backup_rule_ok_without_reports(
+    tmp_path: Path, backend: str, env_lines: dict[str, str], state: str
+) -> None:
+    """No backup timer runs on the local stack: its Grafana's environment makes the rule's no data OK
+    (production keeps settings.env's Alerting), unless compose/.env asks for Alerting."""
+    grafana = render(tmp_path, backend, env_lines)["services"]["grafana"]
+    fake_run = tmp_path / "run.sh"
+    fake_run.write_text("#!/bin/sh\necho started\n")
+    fake_run.chmod(0o755)
+    sources = dict((target, Path(source)) for source, target in mounts(grafana))
+    env = {
+        **{name: str(value) for name, value in grafana["environment"].items() if name.startswith("ALERT_")},
+        "PATH": os.environ["PATH"],
+        "INFLUXDB_READ_TOKEN": "read-token",
+        "GRAFANA_RUN": str(fake_run),
+        "GF_PATHS_PROVISIONING": str(sources["/etc/grafana/provisioning"]),
+        "TELEMETRY_ALERTING_DIR": str(sources["/etc/telemetry/alerting"]),
+        "TELEMETRY_PROVISIONING_DIR": str(tmp_path / "provisioning"),
+    }
+    result = subprocess.run(
+        ["sh", str(COMPOSE / "grafana" / "entrypoint.sh")], env=env, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    document = yaml.safe_load((tmp_path / "provisioning" / "alerting" / "rules.yaml").read_text())
+    [rule] = [r for g in document["groups"] for r in g["rules"] if r["uid"] == "telemetry-backup-overdue"]
+    assert rule["noDataState"] == state
+
+
 # ---------------------------------------------------------------- the real write path
 
 

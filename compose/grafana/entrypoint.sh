@@ -51,7 +51,8 @@ if [ -d "${alerting_dir}" ]; then
   fi
   # Each setting's comment in settings.env ends with its kind and what Grafana needs of
   # it (grafana/build_alerting.py writes them, grafana/alerting_src/settings.py checks
-  # the same): "(seconds, a multiple of 10)" for the rule groups' interval (Grafana
+  # the same): "(choice, one of a b c)" for a setting that takes one of a few words,
+  # "(seconds, a multiple of 10)" for the rule groups' interval (Grafana
   # refuses to start on an interval that is not a multiple of its 10 s scheduler tick),
   # "(seconds, above X for <rules>)" for a query's window, which must start before it
   # ends (X is 0 or the setting where it ends; Grafana refuses to start otherwise).
@@ -72,8 +73,7 @@ if [ -d "${alerting_dir}" ]; then
         case "${kind}:${name}:${value}" in
           seconds:*:*[!0-9]* | seconds:*: | seconds:*:0?* | count:*:*[!0-9]* | count:*: | count:*:0*) bad=1 ;;
           number:*:*[!0-9.]* | number:*: | number:*:.* | number:*:*. | number:*:*.*.* | number:*:0[!.]*) bad=1 ;;
-          choice:ALERT_WEBHOOK_TYPE:discord | choice:ALERT_WEBHOOK_TYPE:slack | choice:ALERT_WEBHOOK_TYPE:webhook) bad=0 ;;
-          choice:*) bad=1 ;;
+          choice:*:*[!A-Za-z0-9_-]* | choice:*:) bad=1 ;;
           *) bad=0 ;;
         esac
         [ "${bad}" = 0 ] || fail "${name}=${value} is not a valid ${kind} (see docs/alerting.md)."
@@ -89,6 +89,12 @@ if [ -d "${alerting_dir}" ]; then
               if [ "${value}" -eq 0 ] || [ $((value % step)) -ne 0 ]; then
                 fail "${name}=${value} must be a multiple of ${step} above 0: Grafana refuses to start on a rule group interval that is not (see docs/alerting.md)."
               fi
+              ;;
+            "one of "*)
+              case " ${clause#one of } " in
+                *" ${value} "*) ;;
+                *) fail "${name}=${value} must be one of: ${clause#one of } (see docs/alerting.md)." ;;
+              esac
               ;;
             "above "*) windows="${windows}${name} ${clause#above }
 " ;;

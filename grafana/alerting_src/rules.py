@@ -20,7 +20,17 @@ from __future__ import annotations
 from grafana.alerting_src import queries as q
 from grafana.alerting_src.queries import NODE
 from grafana.builder import audit
-from grafana.builder.alerts import PanelLink, Rule, TimeRange, loki_query, math, metrics_query, reduce, threshold
+from grafana.builder.alerts import (
+    PanelLink,
+    Rule,
+    TimeRange,
+    loki_query,
+    math,
+    metrics_query,
+    placeholder,
+    reduce,
+    threshold,
+)
 from grafana.builder.backend import Backend, building_for
 from grafana.builder.queries import uid_from_tenant
 from telemetry_client.catalog import DROP_REASONS
@@ -422,9 +432,10 @@ def backup_overdue() -> Rule:
             threshold("C", "B", "gt", "ALERT_BACKUP_MAX_AGE_SECONDS"),
         ],
         condition="C",
-        no_data_state="Alerting",
+        # Alerting by default; OK where no backup is scheduled (the local stack), which would fire forever.
+        no_data_state=placeholder("ALERT_BACKUP_NO_REPORT_STATE"),
         no_data_reason="no host reported in the window: the report timers are not running, so nothing says "
-        "whether any backup is taken",
+        "whether any backup is taken (ALERT_BACKUP_NO_REPORT_STATE: Alerting, or OK where none is scheduled)",
         exec_err_state="KeepLast",
         exec_err_reason="the store rules report a failing metrics store once; this rule keeps its last state",
         panel=PanelLink("telemetry-health", "Time since the last successful backup, by host"),

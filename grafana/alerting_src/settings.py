@@ -6,9 +6,9 @@ seconds to a minute and whose windows last a few minutes. `simulated` is the val
 shows every rule fire on its fault (the simulator scales the windows to the run).
 
 Durations are whole seconds (Grafana's relativeTimeRange takes seconds); numbers are
-plain decimals. Both are checked wherever the files are rendered, and so is what
-Grafana itself refuses, which would stop it from starting (its provisioning error is
-fatal; grafana/grafana, the version pinned in versions.env):
+plain decimals; a choice is one of its `choices`. All are checked wherever the files
+are rendered, and so is what Grafana itself refuses, which would stop it from starting
+(its provisioning error is fatal; grafana/grafana, the version pinned in versions.env):
 
 - a rule group's interval must be above 0 and a multiple of the scheduler's base
   interval, 10 s (pkg/services/ngalert/models/alert_rule.go ValidateRuleGroupInterval;
@@ -69,8 +69,12 @@ class Setting:
         return text
 
     def constraints(self) -> list[str]:
-        """What `check` asks beyond the kind, as settings.env states it for the entrypoint."""
-        return [f"a multiple of {self.multiple_of}"] * bool(self.multiple_of) + ["above 0"] * self.positive
+        """What `check` asks beyond the kind, as settings.env states it for the entrypoint and the Ansible role."""
+        return (
+            [f"one of {' '.join(self.choices)}"] * bool(self.choices)
+            + [f"a multiple of {self.multiple_of}"] * bool(self.multiple_of)
+            + ["above 0"] * self.positive
+        )
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -184,6 +188,15 @@ SETTINGS: tuple[Setting, ...] = (
         "2700",
         "seconds",
         "backups: fires when no host reported its backups in this window (a report comes every 15 minutes)",
+    ),
+    Setting(
+        "ALERT_BACKUP_NO_REPORT_STATE",
+        "Alerting",
+        "choice",
+        "backups: what the rule shows when no host reported in ALERT_BACKUP_REPORT_WINDOW_SECONDS: Alerting (it "
+        "fires), or OK for a stack whose backups are not scheduled (the local one sets OK)",
+        "Alerting",
+        choices=("Alerting", "OK"),
     ),
     Setting(
         "ALERT_STORE_WINDOW_SECONDS",

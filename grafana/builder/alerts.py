@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from grafana.alerting_src import settings as st
 from grafana.builder.dialects import current_dialect
 from grafana.builder.targets import LOKI, Json
 
@@ -36,7 +37,8 @@ INTERVAL_MS = 1000
 MAX_DATA_POINTS = 43200
 
 # noDataState / execErrState values Grafana accepts (pkg/services/ngalert/models/alert_rule.go:
-# NoDataStateFromString, ErrStateFromString).
+# NoDataStateFromString, ErrStateFromString). A noDataState may also be the placeholder of
+# a choice setting whose every choice is one of these (filled in before Grafana reads it).
 NO_DATA_STATES = ("NoData", "Alerting", "OK", "KeepLast")
 EXEC_ERR_STATES = ("Error", "Alerting", "OK", "KeepLast")
 REDUCERS = ("last", "mean", "min", "max", "sum", "count")
@@ -152,6 +154,15 @@ def threshold(ref: str, source: str, kind: str, *params: float | str) -> Json:
     )
 
 
+def _states(value: str) -> tuple[str, ...]:
+    """The states `value` can be: itself, or every choice of the setting it is the placeholder of."""
+    match = st.PLACEHOLDER.match(value)
+    if not match:
+        return (value,)
+    setting = st.BY_NAME.get(match.group(1))
+    return (setting.choices or (value,)) if setting is not None and setting.kind == "choice" else (value,)
+
+
 @dataclass(frozen=True)
 class PanelLink:
     """The dashboard panel that shows what a rule watches (title looked up to an id)."""
@@ -183,7 +194,7 @@ class Rule:
     labels: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.no_data_state not in NO_DATA_STATES or self.exec_err_state not in EXEC_ERR_STATES:
+        if not set(_states(self.no_data_state)) <= set(NO_DATA_STATES) or self.exec_err_state not in EXEC_ERR_STATES:
             raise ValueError(f"{self.uid}: bad noDataState or execErrState")
         refs = [q["refId"] for q in self.data]
         if len(set(refs)) != len(refs) or self.condition not in refs:
