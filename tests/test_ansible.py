@@ -385,7 +385,7 @@ def test_site_check_reports_what_a_new_node_would_get(tmp_path, test_secrets, ba
     _assert_ok(check)
     assert "Check the disk space of the data stores" in check.stdout, "the run did not reach the last play"
     assert _changed_tasks(check.stdout) == [
-        "reverse_proxy : Give each new node a password (kept on this host, mode 0600)",
+        "reverse_proxy : Write the nodes' passwords, the same on every proxy host (mode 0600)",
         "reverse_proxy : Write the Caddyfile (checked by Caddy itself before it is used)",
         # Grafana's Loki data source reads the new node's tenant too (LOKI_TENANTS).
         "grafana : Render the container definition (render-only mode)",
