@@ -19,6 +19,7 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import ssl
 import string
 import subprocess
@@ -195,8 +196,14 @@ def _certificate(tmp_path: Path) -> tuple[Path, Path]:
 class MetricsProxy:
     """The reverse_proxy role rendered for VictoriaMetrics, and the ports Caddy serves it on."""
 
-    def __init__(self, tmp_path: Path, upstreams: list[str], mode: str = "single"):
+    def __init__(self, tmp_path: Path, upstreams: list[str], mode: str = "single", vmauth: str | None = None):
+        """`vmauth`: the binary of the edge vmauth that keeps each node's write budget, run from the
+        role's rendered config and flags; without it the role is rendered without a budget (Caddy
+        writes to VictoriaMetrics itself), as Debian's vmauth 1.79.5 cannot keep one."""
         self.tmp = tmp_path
+        self.vmauth_binary = vmauth
+        self.vmauth_port = free_port()
+        self.vmauth: subprocess.Popen | None = None
         self.root = tmp_path / "root"
         self.dir = self.root / "opt" / "telemetry" / "reverse_proxy"
         self.conf = self.dir / "conf"
@@ -231,6 +238,11 @@ class MetricsProxy:
             "reverse_proxy_listen_https_port": self.https_port,
             "reverse_proxy_basic_auth_directive": "basicauth",
             "reverse_proxy_log_mount": str(self.logs),
+            **(
+                {"reverse_proxy_vmauth_address": f"127.0.0.1:{self.vmauth_port}"}
+                if self.vmauth_binary
+                else {"reverse_proxy_node_write_concurrency": 0}
+            ),
             **extra_variables,
         }
         extra = self.tmp / "proxy-vars.json"
@@ -266,7 +278,39 @@ class MetricsProxy:
             XDG_CONFIG_HOME=str(self.tmp / "xdg-config"),
         )
 
+    def vmauth_flags(self) -> list[str]:
+        """The edge vmauth's command line as the role renders it, with its directory and a loopback port."""
+        compose = yaml.safe_load((self.dir / "container.compose.yml").read_text())
+        [command] = [s["command"] for name, s in compose["services"].items() if name != "caddy"]
+        mount = "/etc/vmauth"
+        flags = [arg.replace(f"file://{mount}/", f"file://{self.dir}/vmauth/") for arg in command]
+        flags = [arg.replace(f"={mount}/", f"={self.dir}/vmauth/") for arg in flags]
+        listen = f"-httpListenAddr=127.0.0.1:{self.vmauth_port}"
+        return [listen if arg.startswith("-httpListenAddr=") else arg for arg in flags]
+
+    def vmauth_key(self, flag: str) -> str:
+        """The key of one of the edge vmauth's own endpoints (-metricsAuthKey, ...), as the role wrote it."""
+        [value] = [a.split("=", 1)[1] for a in self.vmauth_flags() if a.startswith(f"-{flag}=")]
+        return Path(value.removeprefix("file://")).read_text().strip()
+
+    def _start_vmauth(self) -> None:
+        self.vmauth_log = (self.tmp / "vmauth.log").open("w")
+        self.vmauth = subprocess.Popen(
+            [self.vmauth_binary, *self.vmauth_flags()], stdout=self.vmauth_log, stderr=self.vmauth_log
+        )
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.vmauth_port), timeout=5):
+                    return
+            except OSError:
+                assert self.vmauth.poll() is None, (self.tmp / "vmauth.log").read_text()[-OUTPUT_TAIL:]
+                assert time.monotonic() < deadline, (self.tmp / "vmauth.log").read_text()[-OUTPUT_TAIL:]
+                time.sleep(0.2)
+
     def start(self) -> None:
+        if self.vmauth_binary:
+            self._start_vmauth()
         caddy = require_binary("caddy")
         self.log = (self.tmp / "caddy.log").open("w")
         self.server = subprocess.Popen(
@@ -302,6 +346,10 @@ class MetricsProxy:
             self.server.terminate()
             self.server.wait(timeout=60)
             self.log.close()
+        if self.vmauth is not None:
+            self.vmauth.terminate()
+            self.vmauth.wait(timeout=60)
+            self.vmauth_log.close()
 
     def url(self) -> str:
         return f"https://{METRICS_DOMAIN}:{self.https_port}"
