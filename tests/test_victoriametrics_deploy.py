@@ -605,6 +605,16 @@ def _write_lines(url: str, lines: list[str]) -> None:
 @pytest.mark.timeout(1800)
 def test_proxy_checks_tokens_and_balances_writes_over_every_vminsert(cluster_site):
     site = _metrics_site(cluster_site)
+    # The writes go to the edge vmauth (each node's write budget), which spreads them over every vminsert.
+    assert site.count("reverse_proxy vmauth-edge:8427 {") == 2  # /api/v2/write and /write
+    assert 'header_up Authorization "Bearer {telemetry.node.vmauth}"' in site
+    vmauth_dir = cluster_site / PROXY_HOST / "opt/telemetry/reverse_proxy/vmauth"
+    for user in yaml.safe_load((vmauth_dir / "auth.yml").read_text())["users"]:
+        [route] = user["url_map"]
+        assert [prefix.split("/?")[0] for prefix in route["url_prefix"]] == [
+            f"http://{address}:8480" for address in CLUSTER.values()
+        ]
+    # /health is still balanced and health-checked by Caddy itself.
     upstreams = " ".join(f"{address}:8480" for address in CLUSTER.values())
     assert f"reverse_proxy {upstreams} {{" in site
     # The cluster's InfluxDB endpoint is below /insert/<tenant>/influx (Cluster-VictoriaMetrics.md, "URL format"),
@@ -612,7 +622,7 @@ def test_proxy_checks_tokens_and_balances_writes_over_every_vminsert(cluster_sit
     identity = "extra_label=uid={telemetry.node.uid}&extra_label=role={telemetry.node.role}"
     assert f"rewrite * /insert/0/influx/api/v2/write?precision={{http.request.uri.query.precision}}&{identity}" in site
     assert "{path}" not in site and "{query}" not in site
-    for line in ("lb_policy round_robin", "health_uri /health", "health_status 200", "header_up -Authorization"):
+    for line in ("lb_policy round_robin", "health_uri /health", "health_status 200"):
         assert line in site, line
     route = site.split("route {", 1)[1]
     # The refusal of a stranger, then the rewrite and the upstream: in this order.
@@ -673,6 +683,8 @@ def test_caddy_adapts_the_cluster_route(cluster_site, tmp_path):
 
     walk(adapted)
     assert any(uri.startswith("/insert/0/influx/api/v2/write?") for uri in found["rewrite"]), found["rewrite"]
+    edge = [p for p in found["proxies"] if [u["dial"] for u in p["upstreams"]] == ["vmauth-edge:8427"]]
+    assert len(edge) == 2, found["proxies"]  # the two write routes, through the nodes' budget
     vminsert = [p for p in found["proxies"] if any(u["dial"] == "10.0.0.21:8480" for u in p["upstreams"])]
     assert vminsert, found["proxies"]
     for proxy in vminsert:
