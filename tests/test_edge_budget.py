@@ -13,7 +13,8 @@ the stream parser, lib/writeconcurrencylimiter/concurrencylimiter.go, tag
 v1.79.5), and a write that finds none free for -insert.maxQueueDuration gets
 503. The flooding node sends slow bodies: the first 40 KiB at once (more than
 vmauth's 32 KiB -requestBufferSize, so vmauth forwards it: app/vmauth/main.go,
-bufferRequestBody, tag v1.136.0) and then a line every half second. Without the
+bufferRequestBody, tag v1.136.0) and then a line every half second, until the
+quiet node's writes are done. Without the
 budget its writes take every place and the quiet node's write gets 503 (the
 control); with it, the flooding node holds its budget's worth, gets 429 for the
 rest, and the quiet node's writes all get 204 and are all stored.
@@ -49,7 +50,6 @@ IDENTITIES = {"flood-01": {"uid": "f1", "role": "miner"}, "quiet-01": {"uid": "q
 # the control's 503 comes in seconds rather than the default minute.
 INSERT_PLACES = 2 * BUDGET
 VM_FLAGS = (f"-maxConcurrentInserts={INSERT_PLACES}", "-insert.maxQueueDuration=3s")
-FLOOD_SECONDS = 20
 QUIET_BATCHES, QUIET_LINES = 5, 50
 PREFIX = 40 * 1024  # above vmauth's -requestBufferSize (32 KiB)
 
@@ -87,16 +87,17 @@ def _status(sock: ssl.SSLSocket, data: bytes = b"") -> int:
     return int(data.split(b" ", 2)[1])
 
 
-def _slow_write(proxy: MetricsProxy, token: str, until: float) -> int:
-    """One write whose body trickles until `until`: its status (0: the connection closed without one)."""
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def _slow_write(proxy: MetricsProxy, token: str, stop: threading.Event) -> int:
+    """One write whose body trickles (chunked) until `stop` is set: its status (0: closed without one)."""
     prefix = b"".join(b"flood,n=%d value=1\n" % (i % 100) for i in range(PREFIX // 18 + 1))[:PREFIX]
     prefix = prefix[: prefix.rindex(b"\n") + 1]
-    line = b"flood_slow value=1\n"
-    trickles = max(1, int((until - time.monotonic()) / 0.5))
-    length = len(prefix) + trickles * len(line)
     head = (
         f"POST /api/v2/write?precision=ns HTTP/1.1\r\nHost: {METRICS_DOMAIN}\r\nAuthorization: Token {token}\r\n"
-        f"Content-Type: text/plain\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n"
+        "Content-Type: text/plain\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
     ).encode()
     try:
         sock = _tls(proxy)
@@ -104,30 +105,39 @@ def _slow_write(proxy: MetricsProxy, token: str, until: float) -> int:
         return 0
     with sock:
         try:
-            sock.sendall(head + prefix)
-            for _ in range(trickles):
+            sock.sendall(head + _chunk(prefix))
+            while not stop.is_set():
                 # An answer before the body is complete (429): take it.
                 early = _early_answer(sock)
                 if early is not None:
                     return _status(sock, early) if early else 0
-                sock.sendall(line)
+                sock.sendall(_chunk(b"flood_slow value=1\n"))
+            sock.sendall(b"0\r\n\r\n")
             return _status(sock)
         except OSError:
             return 0
 
 
-def _flood(proxy: MetricsProxy, token: str, until: float) -> tuple[list[int], list[threading.Thread]]:
-    """Ten times the budget of slow writes, each sent again as soon as it is answered, until `until`."""
+def _flood(proxy: MetricsProxy, token: str) -> tuple[list[int], threading.Event, list[threading.Thread]]:
+    """Ten times the budget of slow writes, each sent again as soon as it is answered, until the event is set."""
     statuses: list[int] = []
+    stop = threading.Event()
 
     def writer() -> None:
-        while time.monotonic() < until - 1:
-            statuses.append(_slow_write(proxy, token, until))
+        while not stop.is_set():
+            statuses.append(_slow_write(proxy, token, stop))
 
     threads = [threading.Thread(target=writer, daemon=True) for _ in range(10 * BUDGET)]
     for thread in threads:
         thread.start()
-    return statuses, threads
+    return statuses, stop, threads
+
+
+def _end(stop: threading.Event, threads: list[threading.Thread]) -> None:
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not any(thread.is_alive() for thread in threads), "a flooding write never ended"
 
 
 def _quiet_write(proxy: MetricsProxy, token: str, batch: int) -> int:
@@ -152,6 +162,18 @@ def _wait(condition, what: str, timeout: float = 60) -> None:
         time.sleep(0.2)
 
 
+def _stored(server, match: str, expected: int, timeout: float = 60) -> list[dict]:
+    """The series of `match` once they hold `expected` samples (or the deadline passed): a sample
+    VictoriaMetrics has acknowledged can take a moment to become searchable."""
+    deadline = time.monotonic() + timeout
+    while True:
+        server.flush()
+        series = server.export(match)
+        if sum(len(s["values"]) for s in series) >= expected or time.monotonic() > deadline:
+            return series
+        time.sleep(0.5)
+
+
 @pytest.fixture
 def vmauth():
     return vmauth_binary()
@@ -165,8 +187,7 @@ def test_a_node_at_ten_times_its_budget_slows_only_itself(tmp_path, vmauth):
         proxy.start()
         try:
             flood, quiet = proxy.token("flood-01"), proxy.token("quiet-01")
-            until = time.monotonic() + FLOOD_SECONDS
-            statuses, threads = _flood(proxy, flood, until)
+            statuses, stop, threads = _flood(proxy, flood)
             metrics = f"http://127.0.0.1:{proxy.vmauth_port}/metrics?authKey={proxy.vmauth_key('metricsAuthKey')}"
             # The flood holds its whole budget at vmauth, and those writes hold VictoriaMetrics' places.
             _wait(
@@ -174,18 +195,22 @@ def test_a_node_at_ten_times_its_budget_slows_only_itself(tmp_path, vmauth):
                 "the flood never filled its budget",
             )
             _wait(lambda: _metric(f"{server.url}/metrics", "vm_concurrent_insert_current") >= BUDGET, "no slow insert")
+            # The writes beyond the budget have waited their -maxQueueDuration and been refused.
+            _wait(
+                lambda: (
+                    _metric(metrics, "vmauth_user_concurrent_requests_limit_reached_total", '{username="flood-01"}')
+                    >= 10 * BUDGET - BUDGET
+                ),
+                "vmauth never refused the writes beyond the budget",
+            )
             answers = [_quiet_write(proxy, quiet, batch) for batch in range(QUIET_BATCHES)]
-            still_flooding = time.monotonic() < until - 1
-            for thread in threads:
-                thread.join(timeout=FLOOD_SECONDS + 120)
-            assert still_flooding, "the quiet node's writes were not made during the flood"
+            _end(stop, threads)
             assert answers == [204] * QUIET_BATCHES
             # The flooding node: its budget's worth goes through, the rest is told to come back.
             assert set(statuses) <= {204, 429}, statuses
             assert 429 in statuses and 204 in statuses, statuses
             assert _metric(metrics, "vmauth_user_concurrent_requests_capacity", '{username="flood-01"}') == BUDGET
-            server.flush()
-            stored = server.wait_for_series('quiet_value{uid="q1"}', QUIET_BATCHES)
+            stored = _stored(server, 'quiet_value{uid="q1"}', QUIET_BATCHES * QUIET_LINES)
             assert sorted(len(s["values"]) for s in stored) == [QUIET_LINES] * QUIET_BATCHES
             assert {(s["metric"]["uid"], s["metric"]["role"]) for s in stored} == {("q1", "validator")}
         finally:
@@ -201,17 +226,13 @@ def test_without_the_budget_one_flooding_node_makes_another_lose_a_write(tmp_pat
         assert "vmauth" not in (proxy.dir / "container.compose.yml").read_text()
         proxy.start()
         try:
-            until = time.monotonic() + FLOOD_SECONDS
-            _, threads = _flood(proxy, proxy.token("flood-01"), until)
+            _, stop, threads = _flood(proxy, proxy.token("flood-01"))
             _wait(
                 lambda: _metric(f"{server.url}/metrics", "vm_concurrent_insert_current") >= INSERT_PLACES,
                 "the flood never took every insert place",
             )
             answer = _quiet_write(proxy, proxy.token("quiet-01"), 0)
-            still_flooding = time.monotonic() < until - 1
-            for thread in threads:
-                thread.join(timeout=FLOOD_SECONDS + 120)
-            assert still_flooding
+            _end(stop, threads)
             assert answer == 503  # VictoriaMetrics: no insert place within -insert.maxQueueDuration
         finally:
             proxy.stop()
