@@ -44,6 +44,36 @@ def require_binary(name: str) -> str:
     raise AssertionError("unreachable")
 
 
+# Per-user max_concurrent_requests, the nodes' write budget at the edge, came with
+# vmauth v1.88.0 (VictoriaMetrics docs/CHANGELOG.md); the stack pins v1.136.0
+# (versions.env, VMAUTH_IMAGE).
+VMAUTH_MIN_VERSION = (1, 88, 0)
+
+
+def vmauth_binary() -> str:
+    """vmauth from $VMAUTH_BINARY or PATH, v1.88.0 or later; skip otherwise (also under CI).
+
+    Debian's victoria-metrics package ships vmauth 1.79.5, which has no per-user
+    concurrency limit and refuses a config that sets one; no Debian package has a
+    newer one, so a machine without its own vmauth skips rather than fails.
+    """
+    import re
+
+    wanted = "v" + ".".join(map(str, VMAUTH_MIN_VERSION))
+    path = os.environ.get("VMAUTH_BINARY") or shutil.which("vmauth")
+    if not path or not os.access(path, os.X_OK):
+        pytest.skip(f"needs vmauth {wanted} or later (VMAUTH_BINARY or PATH), for per-user max_concurrent_requests")
+    result = subprocess.run([path, "-version"], capture_output=True, text=True, timeout=30, check=False)
+    found = re.search(r"v(\d+)\.(\d+)\.(\d+)", result.stdout + result.stderr)
+    version = tuple(int(part) for part in found.groups()) if found else None
+    if version is None or version < VMAUTH_MIN_VERSION:
+        pytest.skip(
+            f"{path} is vmauth {'.'.join(map(str, version)) if version else 'of unknown version (Debian 1.79.5?)'}: "
+            f"needs {wanted} or later for per-user max_concurrent_requests; set VMAUTH_BINARY"
+        )
+    return path
+
+
 def bind_caddy_to_loopback(caddyfile: Path) -> None:
     """Add `default_bind 127.0.0.1` to a Caddyfile's global options.
 

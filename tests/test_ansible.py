@@ -1254,6 +1254,34 @@ def test_credentials_of_a_node_not_yet_deployed_say_to_deploy_first(tmp_path):
 
 
 @pytest.mark.timeout(900)
+def test_node_add_refuses_a_uid_taken_or_one_of_the_stacks_own_names(tmp_path):
+    """make node-add: another node's uid, or a uid or role starting with "_" (the _edge tenant), writes nothing."""
+    inventory = tmp_path / "inventory" / "prod"
+    shutil.copytree(REPO / "inventory" / "prod", inventory)
+    nodes_file = inventory / "group_vars" / "all" / "nodes.yml"
+    text = nodes_file.read_text()
+    # example-miner-01 is uid "1"; the new nodes' identities are given before they are added.
+    entries = {"miner-07": '{uid: "1", role: miner}', "miner-08": '{uid: "_edge"}', "miner-09": "{uid: m9, role: _x}"}
+    lines = "".join(f"  {node}: {entry}\n" for node, entry in entries.items())
+    nodes_file.write_text(text.replace("telemetry_node_identities:\n", "telemetry_node_identities:\n" + lines, 1))
+    before = nodes_file.read_text()
+    refusals = {
+        "miner-07": "already the uid of example-miner-01",
+        "miner-08": "may not start with _",
+        "miner-09": "may not start with _",
+    }
+    for node, reason in refusals.items():
+        result = _nodes_play(inventory, node, "add")
+        output = result.stdout + result.stderr
+        assert result.returncode != 0, output[-OUTPUT_TAIL:]
+        assert reason in output, output[-OUTPUT_TAIL:]
+        assert nodes_file.read_text() == before
+    # A uid of its own is fine.
+    _assert_ok(_nodes_play(inventory, "miner-10", "add"))
+    assert "miner-10" in yaml.safe_load(nodes_file.read_text())["telemetry_nodes"]
+
+
+@pytest.mark.timeout(900)
 def test_node_tooling_adds_rotates_writes_credentials_and_revokes(tmp_path):
     inventory = tmp_path / "inventory" / "prod"
     shutil.copytree(REPO / "inventory" / "prod", inventory)

@@ -280,3 +280,13 @@ def test_a_uid_shared_by_two_nodes_or_by_an_operator_login_is_refused(tmp_path, 
             reverse_proxy_loki_users=users,
             reverse_proxy_loki_domain=LOGS_DOMAIN,
         )
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("identity", [{"uid": "_edge"}, {"uid": "m1", "role": "_edge"}])
+def test_an_identity_of_the_stacks_own_is_refused_before_anything_is_written(tmp_path, identity):
+    """A leading "_" marks the stack's own names (the _edge Loki tenant of the access logs)."""
+    proxy = MetricsProxy(tmp_path, ["127.0.0.1:9"])
+    with pytest.raises(AssertionError, match="neither may start with '_'"):
+        proxy.converge(NODES, telemetry_node_identities={"miner-01": identity})
+    assert not proxy.caddyfile.exists()

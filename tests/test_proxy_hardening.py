@@ -35,13 +35,15 @@ def _certificate(tmp_path: Path) -> tuple[Path, Path]:
     return cert, key
 
 
-def _answer(proxy: MetricsProxy, host: str, method: str, path: str) -> http.client.HTTPResponse:
+def _answer(
+    proxy: MetricsProxy, host: str, method: str, path: str, headers: dict | None = None
+) -> http.client.HTTPResponse:
     """One HTTPS request to `host` (SNI and Host) on the proxy's port, the certificate verified."""
     context = ssl.create_default_context(cafile=str(proxy.cert))
     raw = socket.create_connection(("127.0.0.1", proxy.https_port), timeout=30)
     conn = http.client.HTTPSConnection(host, proxy.https_port, context=context, timeout=30)
     conn.sock = context.wrap_socket(raw, server_hostname=host)
-    conn.request(method, path)
+    conn.request(method, path, headers=headers or {})
     response = conn.getresponse()
     response.read()
     conn.close()
@@ -83,6 +85,27 @@ def test_every_tls_site_sends_hsts_on_every_answer(three_sites):
             response = _answer(proxy, host, method, path)
             assert response.status == status, (host, path)
             assert response.getheader("Strict-Transport-Security") == HSTS, (host, path)
+    finally:
+        proxy.stop()
+
+
+def test_oversized_request_headers_are_refused_so_an_audit_line_stays_bounded(three_sites):
+    """Caddy's max_header_size (the role's 16KB): Go's server answers 431 and no site sees the request.
+
+    Go reads up to 4096 bytes above MaxHeaderBytes before it refuses (net/http/server.go,
+    readRequest and the "431 Request Header Fields Too Large" answer), hence the margins here.
+    Without the option Go allows 1 MB (http.DefaultMaxHeaderBytes) and the access log keeps it all.
+    """
+    proxy = three_sites
+    proxy.start()
+    try:
+        for host, path in ((METRICS_DOMAIN, "/api/v2/write"), (LOGS_DOMAIN, "/loki/api/v1/push")):
+            assert _answer(proxy, host, "POST", path, {"X-Pad": "a" * 4000}).status == 401, host
+            assert _answer(proxy, host, "POST", path, {"X-Pad": "b" * 64_000}).status == 431, host
+        logs = "".join(path.read_text() for path in proxy.logs.glob("*.log"))
+        assert "a" * 4000 in logs  # the ordinary request is logged with its headers
+        assert "b" * 1000 not in logs
+        assert max(len(line) for line in logs.splitlines()) < 20_000
     finally:
         proxy.stop()
 

@@ -19,6 +19,7 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import ssl
 import string
 import subprocess
@@ -195,8 +196,14 @@ def _certificate(tmp_path: Path) -> tuple[Path, Path]:
 class MetricsProxy:
     """The reverse_proxy role rendered for VictoriaMetrics, and the ports Caddy serves it on."""
 
-    def __init__(self, tmp_path: Path, upstreams: list[str], mode: str = "single"):
+    def __init__(self, tmp_path: Path, upstreams: list[str], mode: str = "single", vmauth: str | None = None):
+        """`vmauth`: the binary of the edge vmauth that keeps each node's write budget, run from the
+        role's rendered config and flags; without it the role is rendered without a budget (Caddy
+        writes to VictoriaMetrics itself), as Debian's vmauth 1.79.5 cannot keep one."""
         self.tmp = tmp_path
+        self.vmauth_binary = vmauth
+        self.vmauth_port = free_port()
+        self.vmauth: subprocess.Popen | None = None
         self.root = tmp_path / "root"
         self.dir = self.root / "opt" / "telemetry" / "reverse_proxy"
         self.conf = self.dir / "conf"
@@ -231,6 +238,11 @@ class MetricsProxy:
             "reverse_proxy_listen_https_port": self.https_port,
             "reverse_proxy_basic_auth_directive": "basicauth",
             "reverse_proxy_log_mount": str(self.logs),
+            **(
+                {"reverse_proxy_vmauth_address": f"127.0.0.1:{self.vmauth_port}"}
+                if self.vmauth_binary
+                else {"reverse_proxy_node_write_concurrency": 0}
+            ),
             **extra_variables,
         }
         extra = self.tmp / "proxy-vars.json"
@@ -266,7 +278,39 @@ class MetricsProxy:
             XDG_CONFIG_HOME=str(self.tmp / "xdg-config"),
         )
 
+    def vmauth_flags(self) -> list[str]:
+        """The edge vmauth's command line as the role renders it, with its directory and a loopback port."""
+        compose = yaml.safe_load((self.dir / "container.compose.yml").read_text())
+        [command] = [s["command"] for name, s in compose["services"].items() if name != "caddy"]
+        mount = "/etc/vmauth"
+        flags = [arg.replace(f"file://{mount}/", f"file://{self.dir}/vmauth/") for arg in command]
+        flags = [arg.replace(f"={mount}/", f"={self.dir}/vmauth/") for arg in flags]
+        listen = f"-httpListenAddr=127.0.0.1:{self.vmauth_port}"
+        return [listen if arg.startswith("-httpListenAddr=") else arg for arg in flags]
+
+    def vmauth_key(self, flag: str) -> str:
+        """The key of one of the edge vmauth's own endpoints (-metricsAuthKey, ...), as the role wrote it."""
+        [value] = [a.split("=", 1)[1] for a in self.vmauth_flags() if a.startswith(f"-{flag}=")]
+        return Path(value.removeprefix("file://")).read_text().strip()
+
+    def _start_vmauth(self) -> None:
+        self.vmauth_log = (self.tmp / "vmauth.log").open("w")
+        self.vmauth = subprocess.Popen(
+            [self.vmauth_binary, *self.vmauth_flags()], stdout=self.vmauth_log, stderr=self.vmauth_log
+        )
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.vmauth_port), timeout=5):
+                    return
+            except OSError:
+                assert self.vmauth.poll() is None, (self.tmp / "vmauth.log").read_text()[-OUTPUT_TAIL:]
+                assert time.monotonic() < deadline, (self.tmp / "vmauth.log").read_text()[-OUTPUT_TAIL:]
+                time.sleep(0.2)
+
     def start(self) -> None:
+        if self.vmauth_binary:
+            self._start_vmauth()
         caddy = require_binary("caddy")
         self.log = (self.tmp / "caddy.log").open("w")
         self.server = subprocess.Popen(
@@ -302,6 +346,10 @@ class MetricsProxy:
             self.server.terminate()
             self.server.wait(timeout=60)
             self.log.close()
+        if self.vmauth is not None:
+            self.vmauth.terminate()
+            self.vmauth.wait(timeout=60)
+            self.vmauth_log.close()
 
     def url(self) -> str:
         return f"https://{METRICS_DOMAIN}:{self.https_port}"
@@ -557,6 +605,16 @@ def _write_lines(url: str, lines: list[str]) -> None:
 @pytest.mark.timeout(1800)
 def test_proxy_checks_tokens_and_balances_writes_over_every_vminsert(cluster_site):
     site = _metrics_site(cluster_site)
+    # The writes go to the edge vmauth (each node's write budget), which spreads them over every vminsert.
+    assert site.count("reverse_proxy vmauth-edge:8427 {") == 2  # /api/v2/write and /write
+    assert 'header_up Authorization "Bearer {telemetry.node.vmauth}"' in site
+    vmauth_dir = cluster_site / PROXY_HOST / "opt/telemetry/reverse_proxy/vmauth"
+    for user in yaml.safe_load((vmauth_dir / "auth.yml").read_text())["users"]:
+        [route] = user["url_map"]
+        assert [prefix.split("/?")[0] for prefix in route["url_prefix"]] == [
+            f"http://{address}:8480" for address in CLUSTER.values()
+        ]
+    # /health is still balanced and health-checked by Caddy itself.
     upstreams = " ".join(f"{address}:8480" for address in CLUSTER.values())
     assert f"reverse_proxy {upstreams} {{" in site
     # The cluster's InfluxDB endpoint is below /insert/<tenant>/influx (Cluster-VictoriaMetrics.md, "URL format"),
@@ -564,7 +622,7 @@ def test_proxy_checks_tokens_and_balances_writes_over_every_vminsert(cluster_sit
     identity = "extra_label=uid={telemetry.node.uid}&extra_label=role={telemetry.node.role}"
     assert f"rewrite * /insert/0/influx/api/v2/write?precision={{http.request.uri.query.precision}}&{identity}" in site
     assert "{path}" not in site and "{query}" not in site
-    for line in ("lb_policy round_robin", "health_uri /health", "health_status 200", "header_up -Authorization"):
+    for line in ("lb_policy round_robin", "health_uri /health", "health_status 200"):
         assert line in site, line
     route = site.split("route {", 1)[1]
     # The refusal of a stranger, then the rewrite and the upstream: in this order.
@@ -625,6 +683,8 @@ def test_caddy_adapts_the_cluster_route(cluster_site, tmp_path):
 
     walk(adapted)
     assert any(uri.startswith("/insert/0/influx/api/v2/write?") for uri in found["rewrite"]), found["rewrite"]
+    edge = [p for p in found["proxies"] if [u["dial"] for u in p["upstreams"]] == ["vmauth-edge:8427"]]
+    assert len(edge) == 2, found["proxies"]  # the two write routes, through the nodes' budget
     vminsert = [p for p in found["proxies"] if any(u["dial"] == "10.0.0.21:8480" for u in p["upstreams"])]
     assert vminsert, found["proxies"]
     for proxy in vminsert:
