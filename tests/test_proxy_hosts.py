@@ -116,6 +116,9 @@ class Proxy:
             "reverse_proxy_listen_https_port": self.https_port,
             "reverse_proxy_loki_upstream": loki,
             "reverse_proxy_victoriametrics_upstreams": [victoria],
+            # Caddy writes to VictoriaMetrics itself: the edge vmauth is a container this
+            # test does not run (tests/test_edge_budget.py runs it).
+            "reverse_proxy_node_write_concurrency": 0,
         }
 
     def _caddy_env(self) -> dict[str, str]:
