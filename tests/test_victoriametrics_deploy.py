@@ -833,3 +833,56 @@ def test_node_credentials_hand_out_the_metrics_token_and_rotate_moves_it_aside(t
     assert (nodes_dir / "retiring" / f"{node}.metrics-password").read_text() == password
     assert (nodes_dir / "retiring" / f"{node}.loki-password").read_text() == push
     assert not (root / "opt/telemetry/influxdb").exists()
+
+
+def test_the_proxy_and_grafana_reach_each_service_at_the_port_its_host_gives_it(tmp_path):
+    """Ports set in the inventory (victoriametrics_vminsert_port, _vmselect_port, victoriametrics_port) are used."""
+    ports = {"vm_a": (18480, 18481), "vm_b": (8480, 8481)}
+    hosts = {
+        "all": {
+            "vars": {
+                "metrics_backend": "victoriametrics",
+                "victoriametrics_mode": "cluster",
+                "ansible_python_interpreter": "{{ ansible_playbook_python }}",
+            },
+            "children": {
+                group: {
+                    "hosts": {name: {"telemetry_private_address": f"10.0.0.{i + 1}"} for i, name in enumerate(ports)}
+                }
+                for group in ("vmstorage", "vminsert", "vmselect")
+            }
+            | {"reverse_proxy": {"hosts": {"proxy": {}}}},
+        }
+    }
+    for group in ("vmstorage", "vminsert", "vmselect"):
+        for name, (insert, select) in ports.items():
+            hosts["all"]["children"][group]["hosts"][name].update(
+                victoriametrics_vminsert_port=insert, victoriametrics_vmselect_port=select
+            )
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    play = [
+        {
+            "hosts": "proxy",
+            "connection": "local",
+            "gather_facts": False,
+            "vars_files": [
+                str(REPO / "ansible/roles/reverse_proxy/defaults/main.yml"),
+                str(REPO / "ansible/roles/grafana/defaults/main.yml"),
+            ],
+            "tasks": [
+                {
+                    "ansible.builtin.copy": {
+                        "dest": str(tmp_path / "out.json"),
+                        "content": "{{ {'writes': reverse_proxy_victoriametrics_upstreams, "
+                        "'reads': reverse_proxy_victoriametrics_read_upstreams} | to_json }}",
+                        "mode": "0600",
+                    }
+                }
+            ],
+        }
+    ]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    result = _run(["ansible-playbook", "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml")])
+    assert result.returncode == 0, result.stdout[-OUTPUT_TAIL:] + result.stderr[-OUTPUT_TAIL:]
+    found = json.loads((tmp_path / "out.json").read_text())
+    assert found == {"writes": ["10.0.0.1:18480", "10.0.0.2:8480"], "reads": ["10.0.0.1:18481", "10.0.0.2:8481"]}
