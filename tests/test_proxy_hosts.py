@@ -350,7 +350,8 @@ def test_a_node_writes_through_both_proxies_and_rotates_on_both(deployment):
     files = net.assert_same_credentials()
     assert sorted(files) == sorted(f"{node}.{kind}-password" for node in NODES for kind in ("loki", "metrics"))
     # metrics_prod's firewall admits both proxy hosts to VictoriaMetrics and Loki.
-    rules = (net.metrics_root / "opt/telemetry/firewall/docker-user.rules").read_text()
+    # (rendered, the firewall role writes below <telemetry_root>/<host>: roles/firewall/defaults/main.yml)
+    rules = (net.metrics_root / "metrics_prod/opt/telemetry/firewall/docker-user.rules").read_text()
     for port in (8428, 3100):
         assert {"10.0.0.10", "10.0.0.11"} <= set(admitted(rules)[("10.0.0.20", "tcp", port)]), admitted(rules)
     previous = net.env()
