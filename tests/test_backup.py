@@ -239,16 +239,19 @@ def test_prune_keeps_the_newest_sets_and_nothing_else_is_touched(tmp_path: Path)
         (tmp_path / stamp).mkdir()
         (tmp_path / stamp / "grafana.db").write_bytes(b"x")
     (tmp_path / "notes.txt").write_text("operator's file")
+    # A failed run's unfinished set can never be restored: it goes, however new.
     (tmp_path / "20261108T030000Z.partial").mkdir()
+    (tmp_path / "20261108T030000Z.partial" / "influxdb").write_bytes(os.urandom(5000))
+    (tmp_path / "notes.partial").mkdir()
     result = tool("prune", tmp_path, "--keep", "3")
     assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*stamps[-3:], "notes.txt", "20261108T030000Z.partial"])
-    assert result.stdout.count("removed ") == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*stamps[-3:], "notes.txt", "notes.partial"])
+    assert result.stdout.count("removed ") == 5
     again = tool("prune", tmp_path, "--keep", "3")
     assert again.returncode == 0 and again.stdout == ""
     refused = tool("prune", tmp_path, "--keep", "0")
     assert refused.returncode == 1 and "--keep must be 1 or more" in refused.stderr
-    assert len([p for p in tmp_path.iterdir() if p.name[0].isdigit()]) == 4
+    assert len([p for p in tmp_path.iterdir() if p.name[0].isdigit()]) == 3
 
 
 def test_stamps_sort_by_time() -> None:
