@@ -45,6 +45,7 @@ bench:
 	$(PYTHON) bench/bench_flood.py
 	$(PYTHON) bench/bench_stores.py
 	$(PYTHON) bench/bench_dashboards.py
+	$(PYTHON) bench/bench_backup.py
 
 # The metrics store of the local stack: influxdb (the default) or victoriametrics.
 # `make up METRICS_BACKEND=victoriametrics` switches and compose/.env keeps the

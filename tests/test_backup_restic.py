@@ -351,3 +351,75 @@ def test_the_metric_reaches_influxdb_1_and_victoriametrics(tmp_path: Path) -> No
     result = stack_backup(config, "run")
     assert result.returncode == 2 and "did not take the stack_backup metric" in result.stderr
     assert "secretvalue" not in result.stderr
+
+
+def test_one_store_before_an_image_change_leaves_the_state_of_complete_runs(tmp_path: Path) -> None:
+    stores, _ = credentials(tmp_path, "x")
+    grafana, _ = grafana_store(tmp_path, "x")
+    config = write_config(tmp_path, [grafana, *stores])
+    result = stack_backup(config, "run", "--store", "grafana")
+    assert result.returncode == 0, result.stdout + result.stderr
+    snapshots = json.loads(stack_backup(config, "snapshots").stdout)
+    assert [s["tags"] for s in snapshots] == [["store=grafana"]]
+    state = json.loads((tmp_path / "backup" / "state.json").read_text())
+    assert state["last_success"] == 0.0 and state["last_run"] == 0.0 and state["installed"] > 0
+    unknown = stack_backup(config, "run", "--store", "loki")
+    assert unknown.returncode == 1 and "no store named loki" in unknown.stderr
+
+
+def test_put_back_replaces_a_store_and_fill_missing_keeps_newer_credentials(tmp_path: Path) -> None:
+    stores, _ = credentials(tmp_path, "x")
+    config = write_config(tmp_path, stores)
+    assert stack_backup(config, "run").returncode == 0
+    live = tmp_path / "live" / "secrets" / "nodes"
+    (live / "miner-01.token").write_text("rotated since the backup")
+    (live / "miner-01.loki-password").unlink()
+    restored = tmp_path / "restored"
+    assert stack_backup(config, "restore", "--store", "credentials", "--target", str(restored)).returncode == 0
+    filled = stack_backup(config, "fill-missing", "--source", str(restored))
+    assert filled.returncode == 0 and filled.stdout.count("restored ") == 1
+    assert (live / "miner-01.token").read_text() == "rotated since the backup"
+    assert (live / "miner-01.loki-password").read_bytes() == b"x-password"
+
+    store = tmp_path / "store"
+    (store / "stale").mkdir(parents=True)
+    (store / "stale" / "chunk").write_bytes(b"old")
+    put = stack_backup(config, "put-back", "--source", str(restored), "--target", str(store))
+    assert put.returncode == 0, put.stderr
+    assert files_of(store) == files_of(restored) and not (store / "stale").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refused = stack_backup(config, "put-back", "--source", str(empty), "--target", str(store))
+    assert refused.returncode == 1 and "refusing to replace" in refused.stderr
+    assert files_of(store) == files_of(restored)
+
+
+def test_a_snapshot_of_another_image_is_refused_before_anything_is_restored(tmp_path: Path) -> None:
+    grafana, _ = grafana_store(tmp_path, "x")
+    grafana["tags"] = ["GRAFANA_IMAGE=grafana/grafana:12.0.0"]
+    config = write_config(tmp_path, [grafana])
+    assert stack_backup(config, "run").returncode == 0
+    target = tmp_path / "restored"
+    refused = stack_backup(
+        config,
+        "restore",
+        "--store",
+        "grafana",
+        "--target",
+        str(target),
+        "--expect-tag=GRAFANA_IMAGE=grafana/grafana:13.0.0",
+    )
+    assert refused.returncode == 1 and "was taken with GRAFANA_IMAGE=grafana/grafana:12.0.0" in refused.stderr
+    assert not target.exists()
+    same = stack_backup(
+        config,
+        "restore",
+        "--store",
+        "grafana",
+        "--target",
+        str(target),
+        "--expect-tag=GRAFANA_IMAGE=grafana/grafana:12.0.0",
+    )
+    assert same.returncode == 0 and (target / "grafana.db").is_file()
+    missing = stack_backup(config, "restore", "--store", "loki", "--target", str(tmp_path / "none"))
+    assert missing.returncode == 1 and "no snapshot latest of loki from metrics_prod" in missing.stderr

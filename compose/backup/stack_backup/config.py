@@ -105,6 +105,9 @@ def _store(index: int, data: Any) -> Store:
         value = _require(data, key, expected, where)
         if expected is list and not all(isinstance(v, str) and v for v in value):
             raise ConfigError(f"{where}{key} must be a list of non-empty strings")
+    tags = data.get("tags", [])
+    if not isinstance(tags, list) or not all(isinstance(t, str) and t and "," not in t for t in tags):
+        raise ConfigError(f"{where}tags must be a list of non-empty strings without commas")
     return Store(name=name, kind=kind, settings={k: v for k, v in data.items() if k not in ("name", "kind")})
 
 

@@ -88,9 +88,12 @@ class Restic:
         self.run("init")
         return True
 
-    def backup(self, directory: Path, store: str) -> BackupResult:
-        """A snapshot of directory's contents (stored at its root), tagged with the store, as this host."""
-        result = self.run("backup", "--json", "--host", self.config.host, "--tag", f"store={store}", ".", cwd=directory)
+    def backup(self, directory: Path, store: str, tags: list[str] | None = None) -> BackupResult:
+        """A snapshot of directory's contents (stored at its root), tagged with the store (and tags), as this host."""
+        extra = [arg for tag in tags or [] for arg in ("--tag", tag)]
+        result = self.run(
+            "backup", "--json", "--host", self.config.host, "--tag", f"store={store}", *extra, ".", cwd=directory
+        )
         summary = None
         for line in result.stdout.splitlines():
             if line.startswith("{") and '"summary"' in line:
@@ -127,16 +130,38 @@ class Restic:
             args += ["--tag", f"store={store}"]
         return json.loads(self.run(*args).stdout or "[]")
 
-    def restore(self, store: str, target: Path, snapshot: str = "latest", host: str | None = None) -> None:
-        """Put a snapshot of the store into target (the store's staging layout, not its live place)."""
+    def choose(self, store: str, snapshot: str = "latest", host: str | None = None) -> dict:
+        """The snapshot of the store to restore: the newest, or the one whose id starts with `snapshot`."""
+        found = sorted(self.snapshots(store, host), key=lambda s: s["time"])
+        if snapshot != "latest":
+            found = [s for s in found if s["id"].startswith(snapshot)]
+        if not found:
+            raise ResticError(f"no snapshot {snapshot} of {store} from {host or self.config.host} in the repository")
+        return found[-1]
+
+    def restore(
+        self,
+        store: str,
+        target: Path,
+        snapshot: str = "latest",
+        host: str | None = None,
+        expect: list[str] | None = None,
+    ) -> str:
+        """Put a snapshot of the store into target (the store's staging layout, not its live place).
+
+        `expect` lists KEY=VALUE tags the snapshot must carry with these values
+        (the image versions it was taken with): a snapshot with another value is
+        refused before anything is restored. Returns the snapshot's id.
+        """
+        chosen = self.choose(store, snapshot, host)
+        tags = {t.partition("=")[0]: t.partition("=")[2] for t in chosen.get("tags") or [] if "=" in t}
+        for wanted in expect or []:
+            key, _, value = wanted.partition("=")
+            if key in tags and tags[key] != value:
+                raise ResticError(
+                    f"snapshot {chosen['short_id']} of {store} was taken with {key}={tags[key]}, but {value} is "
+                    "pinned now: pin the backup's version, deploy it, then restore (docs/deployment.md)"
+                )
         target.mkdir(parents=True, exist_ok=True)
-        self.run(
-            "restore",
-            snapshot,
-            "--host",
-            host or self.config.host,
-            "--tag",
-            f"store={store}",
-            "--target",
-            str(target),
-        )
+        self.run("restore", chosen["id"], "--target", str(target))
+        return chosen["id"]

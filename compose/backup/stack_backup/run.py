@@ -21,6 +21,10 @@ from .restic import Restic, ResticError
 from .space import NoSpace, require_free
 
 
+class PartialRunFailed(Exception):
+    """A run of some stores only (`--store`) failed."""
+
+
 def _empty(directory: Path) -> list[str]:
     """Remove everything inside directory (the staging directory is the tool's alone)."""
     removed = []
@@ -47,8 +51,15 @@ def report(config: Config, current: state.State | None = None, now: float | None
     return line
 
 
-def backup(config: Config) -> state.State:
-    """One run (see the module docstring); returns the saved state. Raises lock.Busy if a run is going on."""
+def backup(config: Config, only: list[str] | None = None) -> state.State:
+    """One run (see the module docstring); returns the saved state. Raises lock.Busy if a run is going on.
+
+    `only` backs up those stores alone (a backup before an image change): such a
+    run is logged, but the state and its metric speak of complete runs only.
+    """
+    unknown = sorted(set(only or []) - {s.name for s in config.stores})
+    if unknown:
+        raise ValueError(f"no store named {', '.join(unknown)} in the settings")
     with lock.exclusive(config.lock_file):
         current = state.load(config.state_file)
         started = time.time()
@@ -67,7 +78,8 @@ def backup(config: Config) -> state.State:
                 _say(f"created the restic repository {config.repository}")
         except ResticError as error:
             errors.append(str(error))
-        for store in config.stores if not errors else []:
+        chosen = [s for s in config.stores if not only or s.name in only]
+        for store in chosen if not errors else []:
             target = staging / store.name
             began = time.time()
             try:
@@ -80,7 +92,7 @@ def backup(config: Config) -> state.State:
                 )
                 target.mkdir(mode=0o700)
                 stores.stage(store, target)
-                result = repository.backup(target, store.name)
+                result = repository.backup(target, store.name, store.settings.get("tags"))
                 added += result.added_bytes
                 outcome[store.name] = {
                     "ok": True,
@@ -104,6 +116,10 @@ def backup(config: Config) -> state.State:
             except ResticError as error:
                 errors.append(f"retention: {error}")
         ended = time.time()
+        if only:
+            if errors:
+                raise PartialRunFailed("; ".join(errors))
+            return current
         current.last_run = ended
         current.last_run_ok = not errors
         current.last_duration_seconds = round(ended - started, 3)
