@@ -105,6 +105,10 @@ def test_backup_playbook_renders_what_the_tool_then_runs(tmp_path: Path) -> None
     tokens = base / "influxdb" / "secrets" / "nodes"
     tokens.mkdir(parents=True)
     (tokens / "miner-01.token").write_text(secrets.token_urlsafe(40))
+    legacy = base / "backups"
+    (legacy / "20261101T030000Z.partial").mkdir(parents=True)
+    (legacy / "20261101T030000Z.partial" / "influxdb").write_bytes(os.urandom(5000))
+    (legacy / "20261031T030000Z").mkdir()
     operator_token = secrets.token_urlsafe(48)
     password = secrets.token_urlsafe(32)
     values = {
@@ -119,6 +123,8 @@ def test_backup_playbook_renders_what_the_tool_then_runs(tmp_path: Path) -> None
     second = playbook("backup.yml", root, "-e", settings(tmp_path, values))
     assert second.returncode == 0 and "changed=0" in second.stdout, second.stdout[-4000:]
 
+    # An earlier release's unfinished plaintext set is gone; a complete one is the operator's to delete.
+    assert sorted(p.name for p in legacy.iterdir()) == ["20261031T030000Z"]
     home = root / "localhost" / "opt" / "telemetry" / "backup"
     config_file = home / "config.json"
     config = json.loads(config_file.read_text())
