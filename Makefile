@@ -7,7 +7,7 @@ PYTHON ?= python3
 setup:
 	$(PYTHON) -m pip install -e '.[dev]'
 	@if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
-		apt-get -o DPkg::Lock::Timeout=300 update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 influxdb victoria-metrics docker-compose caddy iptables iproute2; \
+		apt-get -o DPkg::Lock::Timeout=300 update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 influxdb victoria-metrics docker-compose caddy iptables iproute2 restic openssh-server; \
 	else \
 		echo "Install Debian's influxdb, victoria-metrics, docker-compose, caddy, iptables and iproute2 packages to run every test."; \
 	fi
@@ -45,6 +45,7 @@ bench:
 	$(PYTHON) bench/bench_flood.py
 	$(PYTHON) bench/bench_stores.py
 	$(PYTHON) bench/bench_dashboards.py
+	$(PYTHON) bench/bench_backup.py
 
 # The metrics store of the local stack: influxdb (the default) or victoriametrics.
 # `make up METRICS_BACKEND=victoriametrics` switches and compose/.env keeps the

@@ -628,7 +628,7 @@ cmd_restore() {
   # Grafana migrates its database forward only: restore with the images it was taken with.
   for name in "$(store_image_key)" LOKI_IMAGE GRAFANA_IMAGE; do
     image="$(grep -E "^${name}=" "${set_dir}/MANIFEST" | cut -d= -f2- || true)"
-    [ "${image}" = "${!name}" ] || die "${set_dir} was taken with ${name}=${image}, but versions.env pins ${!name}: pin the backup's versions first (see docs/deployment.md, Backups and upgrades)."
+    [ "${image}" = "${!name}" ] || die "${set_dir} was taken with ${name}=${image}, but versions.env pins ${!name}: pin the backup's versions first (see docs/local-stack.md, Backups)."
   done
   echo "Restoring ${set_dir}."
   if [ "${backend}" = influxdb ]; then

@@ -177,6 +177,7 @@ def test_secrets(tmp_path) -> Path:
         "vault_grafana_influxdb_token": secrets.token_urlsafe(64),
         "vault_reverse_proxy_grafana_users": [{"username": "operator", "password_hash": _bcrypt_like()}],
         "vault_reverse_proxy_loki_users": [{"username": "node", "password_hash": _bcrypt_like()}],
+        "vault_backup_restic_password": secrets.token_urlsafe(32),
         **{
             f"vault_victoriametrics_{name}_auth_key": secrets.token_hex(20)
             for name in ("delete", "snapshot", "force_merge", "force_flush")

@@ -17,7 +17,8 @@ container next to the local stack's volumes (compose/stack.sh). Subcommands:
   vm-snapshot-create URL     a VictoriaMetrics snapshot (/snapshot/create); prints its name
   vm-snapshot-delete URL NAME    delete it (/snapshot/delete); both send the key of
                              -snapshotAuthKey from --auth-key-file in the POST body
-  prune DIR --keep N         keep the N newest backup sets (named by stamp)
+  prune DIR --keep N         keep the N newest backup sets (named by stamp);
+                             the <stamp>.partial sets of failed runs go too
   stamp                      print a new backup-set name (UTC, sortable)
 
 Every file written holds secrets or user data: mode 0600.
@@ -41,6 +42,7 @@ import urllib.request
 from pathlib import Path
 
 STAMP = re.compile(r"^\d{8}T\d{6}Z$")
+PARTIAL = re.compile(r"^\d{8}T\d{6}Z\.partial$")
 # A file bigger than this is staged on disk, not in memory, while it is archived.
 SPOOL_BYTES = 64 * 1024 * 1024
 
@@ -239,13 +241,18 @@ def victoriametrics_snapshot(
 
 
 def prune(directory: Path, keep: int) -> list[Path]:
-    """Delete all but the `keep` newest backup sets; only stamp-named entries are touched."""
+    """Delete all but the `keep` newest backup sets, and every set a failed run left unfinished.
+
+    Only stamp-named entries are touched. A `<stamp>.partial` set is one whose run
+    failed or was killed before it completed (a run renames its set when done), so
+    it can never be restored and only holds disk space.
+    """
     if keep < 1:
         raise BackupError("--keep must be 1 or more: a backup run never deletes its own backup")
     if not directory.is_dir():
         return []
     sets = sorted(p for p in directory.iterdir() if STAMP.match(p.name))
-    removed = sets[:-keep]
+    removed = sets[:-keep] + sorted(p for p in directory.iterdir() if PARTIAL.match(p.name))
     for path in removed:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)

@@ -1,0 +1,132 @@
+"""A backup run: every store staged, sent to restic and unstaged, one at a time, under the lock.
+
+Order per store: free-space check against the store's size, stage, `restic
+backup`, and the staging copy removed whatever happened. A store that fails
+does not stop the others; the run then fails and last_success stays where it
+was. Retention (`restic forget --prune`) runs after a run whose stores all
+succeeded. Whatever an earlier run left in the staging directory (killed
+midway, power loss) is removed first.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from . import lock, state, stores
+from .config import Config
+from .restic import Restic, ResticError
+from .space import NoSpace, require_free
+
+
+class PartialRunFailed(Exception):
+    """A run of some stores only (`--store`) failed."""
+
+
+def _empty(directory: Path) -> list[str]:
+    """Remove everything inside directory (the staging directory is the tool's alone)."""
+    removed = []
+    for entry in sorted(directory.iterdir()):
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+        removed.append(entry.name)
+    return removed
+
+
+def _say(message: str) -> None:
+    print(f"stack_backup: {message}", flush=True)
+
+
+def report(config: Config, current: state.State | None = None, now: float | None = None) -> str:
+    """Write this host's stack_backup point to the metrics store (when a URL is set); returns the line."""
+    now = time.time() if now is None else now
+    current = current or state.load(config.state_file, now)
+    line = state.metric_line(config.host, current, now)
+    if config.report.url:
+        state.write_metric(config.report, line)
+    return line
+
+
+def backup(config: Config, only: list[str] | None = None) -> state.State:
+    """One run (see the module docstring); returns the saved state. Raises lock.Busy if a run is going on.
+
+    `only` backs up those stores alone (a backup before an image change): such a
+    run is logged, but the state and its metric speak of complete runs only.
+    """
+    unknown = sorted(set(only or []) - {s.name for s in config.stores})
+    if unknown:
+        raise ValueError(f"no store named {', '.join(unknown)} in the settings")
+    with lock.exclusive(config.lock_file):
+        current = state.load(config.state_file)
+        started = time.time()
+        errors: list[str] = []
+        added = 0
+        outcome: dict[str, dict] = {}
+        staging = config.staging_dir
+        staging.mkdir(mode=0o700, parents=True, exist_ok=True)
+        staging.chmod(0o700)
+        leftovers = _empty(staging)
+        if leftovers:
+            _say(f"removed what an earlier run left in {staging}: {', '.join(leftovers)}")
+        repository = Restic(config)
+        try:
+            if repository.ensure_repository():
+                _say(f"created the restic repository {config.repository}")
+        except ResticError as error:
+            errors.append(str(error))
+        chosen = [s for s in config.stores if not only or s.name in only]
+        for store in chosen if not errors else []:
+            target = staging / store.name
+            began = time.time()
+            try:
+                require_free(
+                    staging,
+                    store.name,
+                    stores.expected_size(store, staging),
+                    config.space_margin,
+                    config.space_reserve_bytes,
+                )
+                target.mkdir(mode=0o700)
+                stores.stage(store, target)
+                result = repository.backup(target, store.name, store.settings.get("tags"))
+                added += result.added_bytes
+                outcome[store.name] = {
+                    "ok": True,
+                    "snapshot": result.snapshot_id,
+                    "added_bytes": result.added_bytes,
+                    "files": result.files,
+                    "seconds": round(time.time() - began, 3),
+                }
+                _say(f"{store.name}: snapshot {result.snapshot_id}, {result.files} files, {result.added_bytes} B new")
+            except (stores.StageError, NoSpace, ResticError, OSError) as error:
+                errors.append(str(error))
+                outcome[store.name] = {"ok": False, "error": str(error)}
+                print(f"stack_backup: {error}", file=sys.stderr, flush=True)
+            finally:
+                if target.exists():
+                    shutil.rmtree(target)
+        stored = not errors
+        if stored:
+            try:
+                repository.forget()
+            except ResticError as error:
+                errors.append(f"retention: {error}")
+        ended = time.time()
+        if only:
+            if errors:
+                raise PartialRunFailed("; ".join(errors))
+            return current
+        current.last_run = ended
+        current.last_run_ok = not errors
+        current.last_duration_seconds = round(ended - started, 3)
+        current.added_bytes = added
+        current.last_error = "; ".join(errors)[:2000]
+        current.stores = outcome
+        if stored:
+            current.last_success = ended
+        state.save(config.state_file, current)
+        return current
