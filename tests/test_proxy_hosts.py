@@ -240,6 +240,7 @@ class Deployment:
                 f"vault_victoriametrics_{name}_auth_key": secrets.token_hex(20)
                 for name in ("delete", "snapshot", "force_merge", "force_flush")
             },
+            "vault_backup_restic_password": secrets.token_urlsafe(32),
             "vault_reverse_proxy_tls_certificate": self.cert.read_text(),
             "vault_reverse_proxy_tls_private_key": key.read_text(),
         }
