@@ -201,7 +201,10 @@ def test_backup_playbook_renders_what_the_tool_then_runs(tmp_path: Path) -> None
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"backup_opt_out": False}, "localhost holds influxdb, loki, grafana but backup_repository is not set"),
+        (
+            {"backup_opt_out": False},
+            "localhost holds influxdb, loki, grafana, credentials but backup_repository is not set",
+        ),
         (
             {"backup_repository": "/mnt/backup/restic", "backup_restic_password": "short"},
             "The backup settings are incomplete: backup_restic_password",
