@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -89,8 +90,26 @@ def influx_auth() -> Iterator[str]:
             f"CREATE USER {READER[0]} WITH PASSWORD '{READER[1]}'",
             f"GRANT READ ON telemetry TO {READER[0]}",
         ):
-            _influx_query(server.url, statement)
+            _as_admin_once_known(server.url, statement)
         yield server.url
+
+
+def _as_admin_once_known(url: str, statement: str, deadline_s: float = 120.0) -> None:
+    """Run `statement` as the admin, waiting while InfluxDB still refuses it (403).
+
+    In a run of the suite beside other work, the statements right after the admin
+    was created were refused 403; alone they pass. Waiting on the answer, not on a
+    fixed time, keeps the fixture from failing on a slow machine.
+    """
+    give_up = time.monotonic() + deadline_s
+    while True:
+        try:
+            _influx_query(url, statement)
+            return
+        except urllib.error.HTTPError as exc:
+            if exc.code != 403 or time.monotonic() > give_up:
+                raise
+            time.sleep(0.5)
 
 
 def _stored_series(url: str) -> list:
