@@ -107,6 +107,7 @@ def scaled(tmp_path_factory, push_password) -> tuple[Path, list[str]]:
         "vault_influxdb_admin_token": secrets.token_urlsafe(48),
         "vault_grafana_admin_password": secrets.token_urlsafe(24),
         "vault_grafana_secret_key": secrets.token_urlsafe(32),
+        "vault_backup_restic_password": secrets.token_urlsafe(32),
         "vault_grafana_influxdb_token": secrets.token_urlsafe(64),
         "vault_reverse_proxy_grafana_users": [{"username": "operator", "password_hash": _bcrypt_like()}],
         "vault_reverse_proxy_loki_users": [{"username": "node", "password_hash": node_hash}],

@@ -485,6 +485,7 @@ def _vault_values() -> dict:
     return {
         "vault_grafana_admin_password": secrets.token_urlsafe(24),
         "vault_grafana_secret_key": secrets.token_urlsafe(32),
+        "vault_backup_restic_password": secrets.token_urlsafe(32),
         **{f"vault_{name}": value for name, value in AUTH_KEYS.items()},
         "vault_reverse_proxy_grafana_users": [
             {"username": "operator", "password_hash": "$2b$12$" + "".join(secrets.choice(alphabet) for _ in range(53))}
