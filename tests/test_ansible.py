@@ -385,8 +385,11 @@ def test_site_check_reports_what_a_new_node_would_get(tmp_path, test_secrets, ba
     check = _run([*cmd, "--check", "--diff"])
     _assert_ok(check)
     assert "Check the disk space of the data stores" in check.stdout, "the run did not reach the last play"
+    # With VictoriaMetrics the edge vmauth gets the node's budget (its auth config, reloaded in place).
+    vmauth = ["reverse_proxy : Write the edge vmauth's auth config (checked by vmauth itself, mode 0600)"]
     assert _changed_tasks(check.stdout) == [
         "reverse_proxy : Write the nodes' passwords, the same on every proxy host (mode 0600)",
+        *(vmauth if backend == "victoriametrics" else []),
         "reverse_proxy : Write the Caddyfile (checked by Caddy itself before it is used)",
         # Grafana's Loki data source reads the new node's tenant too (LOKI_TENANTS).
         "grafana : Render the container definition (render-only mode)",

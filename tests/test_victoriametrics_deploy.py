@@ -589,7 +589,9 @@ def test_the_rendered_series_caps_are_flags_victoriametrics_takes_and_bound_new_
         _write_lines(server.url, [f"capped,uid={uid} value=1" for uid in range(5)])
         server.wait_for_series("capped_value", 5, timeout=5)
         server.flush()
-        assert len(server.export("capped_value")) == 2
+        # The limiter is a Bloom filter (lib/bloomfilter): it may let a few more series through
+        # than the cap (3 of 5 at a cap of 2 was seen once), never fewer than the cap.
+        assert 2 <= len(server.export("capped_value")) < 5
 
 
 def _write_lines(url: str, lines: list[str]) -> None:
