@@ -118,12 +118,17 @@ def _running(argv: list[str], ready_url: str, workdir: Path) -> Iterator[None]:
         _wait_until_up(ready_url, process, log)
         yield
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
+
+
+def stop(process: subprocess.Popen) -> None:
+    """SIGTERM, and SIGKILL if the process is still there 10 s later."""
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 @dataclass

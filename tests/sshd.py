@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from servers import free_port, require_binary
+from servers import free_port, require_binary, stop
 
 
 @dataclass
@@ -96,9 +96,4 @@ Subsystem sftp internal-sftp
         )
         yield Sshd(port=port, user=getpass.getuser(), ssh_command=command)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
