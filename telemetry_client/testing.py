@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from telemetry_client._engine.shipping import Channel, get_engine
-from telemetry_client._engine.transport import Response
+from telemetry_client._engine.transport import Response, gzip_body
 
 __all__ = ["InMemoryDestination", "LogEntry", "Point", "Request"]
 
@@ -112,7 +112,7 @@ class _MemoryTransport:
         pass
 
     def encode_body(self, body: bytes) -> bytes:
-        return gzip.compress(body, compresslevel=1, mtime=0) if self.compress else body
+        return gzip_body(body) if self.compress else body
 
     def decode_body(self, body: bytes) -> bytes:
         return gzip.decompress(body) if self.compress else body

@@ -126,3 +126,51 @@ def test_encode_lines_refuses_by_default_what_a_logger_would_drop():
     assert list(encode_lines([("m", None, {"x": 1}, 5)], {"uid": "1"})) == [b"m,uid=1 x=1 5\n"]
     with pytest.raises(ValueError, match="no_fields"):
         list(encode_lines([("m", None, {}, 5)]))
+
+
+# A few series and key sets, so that records repeat them (the fast path takes a series seen before).
+_pool_names = st.sampled_from(["loss", "step", "bad\nname", "gpu"])
+_pool_tags = st.none() | st.sampled_from([{"node": "a"}, {"node": "b", "gpu": "0"}, {"node": "x\ty"}, {}])
+_pool_keys = st.lists(st.sampled_from(["a", "b", "c", "time", "d e"]), min_size=0, max_size=4, unique=True)
+_pool_values = (
+    st.floats(allow_nan=True, allow_infinity=True)
+    | st.integers(-(2**60), 2**60)
+    | st.booleans()
+    | st.sampled_from(["text", "\ud800"])
+)
+
+
+@st.composite
+def _records(draw):
+    keys = draw(_pool_keys)
+    fields = {key: draw(_pool_values) for key in keys}
+    timestamp = draw(st.integers(-(2**64), 2**64) | st.floats(0, 2e9) | st.just("soon"))
+    return (draw(_pool_names), draw(_pool_tags), fields, timestamp, False, False)
+
+
+@settings(max_examples=100, deadline=None)
+@given(records=st.lists(_records(), min_size=1, max_size=60))
+def test_the_channels_fast_path_writes_what_encode_writes(records):
+    """A logger's channel (its `encode_many` and `encode`) writes the bytes and counts the drops of `encode` alone."""
+    from telemetry_client.metrics import MetricsLogger
+    from telemetry_client.testing import InMemoryDestination
+
+    sent = InMemoryDestination()
+    logger = MetricsLogger(uid=3, role="miner", destination=sent, self_metrics_interval=None)
+    reference = InfluxSink(HttpTransport("http://127.0.0.1:9/write"), logger._sink.standard_tags, 65536, 10.0, None)
+    expected: list[bytes] = []
+    drops: dict[str, int] = {}
+
+    def drop(reason: str, count: int = 1) -> None:
+        drops[reason] = drops.get(reason, 0) + count
+
+    drop.part = drop  # type: ignore[attr-defined]
+    for record in records:
+        reference.encode(record, lambda item: expected.append(item[0]), drop)
+        logger.log(record[0], record[1], record[2], timestamp=record[3])
+    try:
+        assert sent.flush(30) == 0
+        assert b"".join(request.body for request in sent.requests) == b"".join(expected)
+        assert logger.stats()["dropped_by_reason"] == drops
+    finally:
+        logger.close(1)

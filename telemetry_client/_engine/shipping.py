@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import operator
 import os
 import random
 import sys
@@ -57,6 +58,7 @@ OVERLAP_CHUNK = 500  # records encoded between two looks at whether the server h
 STALLED_AFTER = 1.0
 RECORD_SAMPLE_MASK = 63  # the size of one drained record in 64 is measured
 DEFAULT_RECORD_BYTES = 1024.0  # the size assumed for a raw record until one has been measured
+_SIZE_OF = operator.itemgetter(1)  # an item's size in bytes
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,10 @@ class Sink(Protocol):
         """Called on the sender thread at every wake-up; for periodic work such as self-metrics."""
 
     # Optional: `extra_stats() -> dict[str, int]`, counters of the sink merged into `Channel.stats()`.
+    # Optional: `encode_many(records, start) -> (items, index)`, the items of `records[start:]`
+    # up to the first record that needs `encode` (and its index): one item per record, the
+    # same items `encode` would emit, without counting anything. A fast path for the
+    # common record.
     # Optional, together: `items_in_body(body: bytes, count: int) -> bool`, True when
     # `items_from_body(body) -> list[Item]` gives back exactly the `count` items of this
     # uncompressed body. Then a sealed batch keeps only its compressed body, and the
@@ -219,6 +225,7 @@ class Channel:
         self.settings = settings or BufferSettings()
         self._engine = get_engine()
         self._items_in_body = getattr(sink, "items_in_body", None)
+        self._encode_many = getattr(sink, "encode_many", None)
         self._batch_per_key = bool(getattr(sink, "batch_per_key", False))
         self._reset_state()
         self._engine.register(self)
@@ -299,6 +306,10 @@ class Channel:
 
     def _emit(self, item: Item) -> None:
         self._produced += 1
+        self._add(item)
+
+    def _add(self, item: Item) -> None:
+        """Put an item in the batch being filled for its key; seal the batch once full."""
         key = item[2] if self._batch_per_key else ""
         batch = self._partials.get(key)
         if batch is None:
@@ -307,6 +318,30 @@ class Channel:
         batch.nbytes += item[1]
         if len(batch.items) >= self.settings.batch_items or batch.nbytes >= self.settings.batch_bytes:
             self._seal_partial(key)
+
+    def _add_many(self, items: list[Item]) -> None:
+        """`_add` for each item, whole slices at a time while a batch's byte bound is not near."""
+        if self._batch_per_key:
+            for item in items:
+                self._add(item)
+            return
+        s = self.settings
+        position = 0
+        while position < len(items):
+            batch = self._partials.get("")
+            if batch is None:
+                batch = self._partials[""] = _Batch(created=time.monotonic())
+            part = items[position : position + s.batch_items - len(batch.items)]
+            position += len(part)
+            nbytes = sum(map(_SIZE_OF, part))
+            if batch.nbytes + nbytes >= s.batch_bytes:
+                for item in part:  # the byte bound falls inside this slice: item by item
+                    self._add(item)
+                continue
+            batch.items.extend(part)
+            batch.nbytes += nbytes
+            if len(batch.items) >= s.batch_items:
+                self._seal_partial("")
 
     def _seal_partial(self, key: str) -> None:
         batch = self._partials.pop(key, None)
@@ -408,29 +443,62 @@ class Channel:
             backlog.extendleft(reversed(front))
 
     def _encode_intake(self, records: int) -> None:
-        """Encode up to `records` records from the intake."""
+        """Encode up to `records` records from the intake, in order.
+
+        The sink's `encode_many`, when it has one, takes the common records in one
+        loop; each record it stops at goes through `encode`, one at a time.
+        """
+        chunk = self._take(records)
+        if not chunk:
+            return
+        before = self.drained
+        self.drained += len(chunk)
+        for position in range(-(before + 1) % (RECORD_SAMPLE_MASK + 1), len(chunk), RECORD_SAMPLE_MASK + 1):
+            self._sample_record(chunk[position])
+        encode_many = self._encode_many
+        position = 0
+        while position < len(chunk):
+            if encode_many is not None:
+                try:
+                    items, position = encode_many(chunk, position)
+                except Exception:  # the sink's bug: the rest of the chunk takes the general path
+                    warn.warning(
+                        f"{self.sink.name}:encode_many", "%s: encode_many failed", self.sink.name, exc_info=True
+                    )
+                    encode_many = None
+                else:
+                    self._produced += len(items)
+                    self._add_many(items)
+                    if position >= len(chunk):
+                        break
+            self._encode_one(chunk[position])
+            position += 1
+
+    def _take(self, records: int) -> list[Any]:
+        """Up to `records` records from the front of the intake (callers may pop its oldest meanwhile)."""
         intake = self._intake
-        encode, emit, drop = self.sink.encode, self._emit, self._encode_drops
-        for _ in range(records):
-            if not intake:
-                break
-            try:
-                record = intake.popleft()
-            except IndexError:
-                break
-            self.drained += 1
-            if not self.drained & RECORD_SAMPLE_MASK:
-                self._sample_record(record)
-            produced = self._produced
-            try:
-                encode(record, emit, drop)
-            except Exception:
+        chunk: list[Any] = []
+        take = intake.popleft
+        try:
+            for _ in range(min(records, len(intake))):
+                chunk.append(take())
+        except IndexError:  # `submit` dropped the oldest meanwhile: there were fewer
+            pass
+        return chunk
+
+    def _encode_one(self, record: Any) -> None:
+        """A record through the sink's `encode`; a record that raises or yields nothing is counted `encode_error`."""
+        drop = self._encode_drops
+        produced = self._produced
+        try:
+            self.sink.encode(record, self._emit, drop)
+        except Exception:
+            drop("encode_error")
+            warn.warning(f"{self.sink.name}:encode", "%s: could not encode a record", self.sink.name, exc_info=True)
+        else:
+            if self._produced == produced:  # neither emitted nor counted: the sink's bug, kept in the books
                 drop("encode_error")
-                warn.warning(f"{self.sink.name}:encode", "%s: could not encode a record", self.sink.name, exc_info=True)
-            else:
-                if self._produced == produced:  # neither emitted nor counted: the sink's bug, kept in the books
-                    drop("encode_error")
-                    warn.warning(f"{self.sink.name}:lost", "%s: a record was encoded into nothing", self.sink.name)
+                warn.warning(f"{self.sink.name}:lost", "%s: a record was encoded into nothing", self.sink.name)
 
     def _sample_record(self, record: Any) -> None:
         """Update the raw-record size estimate: the first sample, then a moving average."""

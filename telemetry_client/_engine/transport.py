@@ -15,11 +15,14 @@ import socket
 import ssl
 import time
 import urllib.parse
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from telemetry_client._engine.settings import Timeouts
+
+GZIP_WBITS = 31  # zlib's window of 2**15 with a gzip header and trailer
 
 
 class TransportError(Exception):
@@ -82,6 +85,16 @@ class Destination(Protocol):
     def open(self, sink: str, headers: Mapping[str, str], compress: bool) -> Transport:
         """A transport for one logger's channel; `sink` is "influxdb" or "loki" (the body's format)."""
         ...
+
+
+def gzip_body(body: bytes) -> bytes:
+    """`body` gzipped at level 1 (most of the gain for little CPU).
+
+    One zlib call writes the gzip header, the data and its checksum (`wbits` 31),
+    with the interpreter lock released throughout; `gzip.compress` adds a pass for
+    the checksum and copies the result twice.
+    """
+    return zlib.compress(body, 1, wbits=GZIP_WBITS)
 
 
 class Pending:
@@ -194,8 +207,8 @@ class HttpTransport:
         self._connection = None
 
     def encode_body(self, body: bytes) -> bytes:
-        """Compress `body` when gzip is on (level 1: most of the gain for little CPU)."""
-        return gzip.compress(body, compresslevel=1, mtime=0) if self.compress else body
+        """Compress `body` when gzip is on."""
+        return gzip_body(body) if self.compress else body
 
     def decode_body(self, body: bytes) -> bytes:
         """The uncompressed form of a body `encode_body` made."""

@@ -147,17 +147,30 @@ class FieldEncoder:
             self._plans[keys] = plan
         return plan
 
-    def encode(self, fields: Mapping[object, object], drop: Drop) -> str:
-        """`key=value,...` sorted by key; empty when no field survives (the caller counts that)."""
+    def plain(self, fields: Mapping[object, object]) -> str | None:
+        """The fast path: the text of a field set whose values are all finite floats (or small ints), else None.
+
+        Nothing is dropped or counted here: None sends the fields to `encode`.
+        """
         keys = tuple(fields)
         plan = self._plans.get(keys) or self._plan(keys)
-        if plan.template is not None:
-            values = plan.values_of(fields)
-            types = set(map(type, values))
-            if types == _FLOAT or (types <= _NUMBER and _small_ints(values)):
-                total = sum(values)
-                if total - total == 0.0:  # every value finite
-                    return (plan.template % values).replace(".0,", ",")[:-1]
+        if plan.template is None:
+            return None
+        values = plan.values_of(fields)
+        types = set(map(type, values))
+        if types == _FLOAT or (types <= _NUMBER and _small_ints(values)):
+            total = sum(values)
+            if total - total == 0.0:  # every value finite
+                return (plan.template % values).replace(".0,", ",")[:-1]
+        return None
+
+    def encode(self, fields: Mapping[object, object], drop: Drop) -> str:
+        """`key=value,...` sorted by key; empty when no field survives (the caller counts that)."""
+        text = self.plain(fields)
+        if text is not None:
+            return text
+        keys = tuple(fields)
+        plan = self._plans.get(keys) or self._plan(keys)
         drop = getattr(drop, "part", drop)  # a field value is a part of its point (see the engine's counters)
         parts = []
         for key, prefix in plan.entries:

@@ -168,6 +168,33 @@ class InfluxSink:
                 for name, gpu_tags, gpu_fields in self._gpu.sample(now):
                     self._emit_point(name, gpu_tags, gpu_fields, ts, emit, drop)
 
+    def encode_many(self, records: Sequence[Record], start: int) -> tuple[list[Item], int]:
+        """The items of `records[start:]` up to the first record that needs `encode`, and that record's index.
+
+        The common point (an int timestamp in range, a series seen before, every field
+        a finite float, no sampled metrics) is encoded here in one loop: the same
+        bytes as `encode`, for a fraction of its calls. Anything else stops the loop
+        and goes to `encode`, which validates and counts it.
+        """
+        items: list[Item] = []
+        append = items.append
+        series_of = self._series.get
+        plain = self.fields.plain
+        for index in range(start, len(records)):
+            measurement, tags, fields, ts, with_system, with_gpu = records[index]
+            if with_system or with_gpu or type(ts) is not int or not MIN_TIME_NS <= ts <= MAX_TIME_NS:
+                return items, index
+            try:
+                series = series_of((measurement, tuple(tags.items())) if tags else measurement)
+                text = plain(fields) if series else None
+                if not text:
+                    return items, index
+                line = f"{series} {text} {ts}\n".encode()
+            except Exception:  # unhashable tags, text that is not valid Unicode: `encode` says what
+                return items, index
+            append((line, len(line), measurement))
+        return items, len(records)
+
     def _emit_point(
         self,
         measurement: str,
