@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import logging
+import subprocess
 import sys
+import tarfile
 import uuid
 from pathlib import Path
 
@@ -47,3 +50,13 @@ def dedicated_logger(handler: logging.Handler, prefix: str = "bench") -> logging
     logger.setLevel(logging.INFO)
     logger.addHandler(handler)
     return logger
+
+
+def extract(revision: str, into: Path) -> Path:
+    """`telemetry_client/` as of `revision`, written under `into`; the directory to put on PYTHONPATH."""
+    archive = subprocess.run(
+        ["git", "archive", revision, "telemetry_client"], cwd=ROOT, check=True, capture_output=True
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return into

@@ -28,20 +28,18 @@ change with what it replaced.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from _common import ROOT
+from _common import ROOT, extract
 from servers import influxdb_v1_for_outages
 
 TS = 1_700_000_000_000_000_000
@@ -97,16 +95,6 @@ class Run:
     down: float | None = None  # kill: from the kill to the restarted server answering /ping
     peak_pending: int = 0
     note: str = ""
-
-
-def extract(revision: str, into: Path) -> Path:
-    """`telemetry_client/` as of `revision`, written under `into`; the directory to put on PYTHONPATH."""
-    archive = subprocess.run(
-        ["git", "archive", revision, "telemetry_client"], cwd=ROOT, check=True, capture_output=True
-    ).stdout
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(into, filter="data")
-    return into
 
 
 def runs_of(ids: list[int]) -> int:

@@ -2,70 +2,125 @@
 
 The ceiling is the same data, pre-encoded into the same batches and gzip bodies,
 POSTed back to back over one connection: what the server takes when the client
-costs nothing. Both run against the same fresh server in one run. The CPU time
-of each side is measured too: where the server and the client share the
-machine's cores, their sum over the cores bounds what the client can reach.
+costs nothing. The client runs in a process of its own, which logs the points as
+fast as it can and flushes; it is given room for every point (a drop would make
+the rate meaningless, and a fast machine's caller outruns the sender most). Both
+run against the same fresh server in one run, alternated, round after round: the
+server's speed drifts. The CPU time of each side is measured too: where the server
+and the client share the machine's cores, their sum over the cores bounds what
+the client can reach.
+
+`--baseline REV` also runs the client of git revision REV (its `telemetry_client/`
+extracted to a temporary directory) in every round, to compare a change with
+what it replaced on the same server and machine.
+
+    python bench/bench_throughput.py
+    python bench/bench_throughput.py --baseline HEAD~1 --rounds 5
 """
 
 from __future__ import annotations
 
+import argparse
 import gzip
+import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 import urllib3
-from _common import influx_v1_logger
+from _common import ROOT, extract
 from servers import influxdb_v1
 
-from telemetry_client import BufferSettings
-
 POINTS = 300_000
-ROUNDS = 3
 BATCH = 5_000
+TS = 1_700_000_000_000_000_000
+# The client's process: reads the 1,000 (tags, fields) pairs it cycles through on stdin,
+# so that it logs exactly the data the ceiling's bodies hold. The caller's own work
+# (building its dicts) is done before the clock starts: this measures what the client
+# costs, as the ceiling measures what the server costs.
+CHILD = r"""
+import json, sys, time
+import telemetry_client
+from telemetry_client import BufferSettings, MetricsLogger
+
+url, database, points, batch, ts = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+records = [(tags, fields) for tags, fields in json.load(sys.stdin)]
+logger = MetricsLogger(
+    url=url, database=database, api_version=1, uid=1, role="miner", self_metrics_interval=None,
+    buffer=BufferSettings(batch_items=batch, max_items=points, max_bytes=points * 4_096),
+)
+cpu = time.process_time()
+start = time.perf_counter()
+for i in range(points):
+    tags, fields = records[i % 1_000]
+    logger.log("throughput", tags, fields, timestamp=ts + i)
+left = logger.flush(120)
+elapsed = time.perf_counter() - start
+cpu = time.process_time() - cpu
+print(json.dumps({"client": telemetry_client.__file__, "left": left, "sent": logger.stats()["sent"],
+                  "elapsed": elapsed, "cpu": cpu}))
+logger.close(1)
+"""
 
 
-def fields_for(i: int) -> dict[str, float]:
-    return {f"field_{k}": (i % 1_000) * 0.25 + k for k in range(10)}
+@dataclass
+class Round:
+    rate: float  # points/s
+    server_cpu: float  # seconds
+    client_cpu: float  # seconds (0 for the ceiling, whose client is not measured)
 
 
-def client_rate(url: str, database: str) -> float:
-    # Room for every point however fast the caller outruns the sender: a drop would
-    # make the rate meaningless, and a fast machine's caller outruns it most.
-    logger = influx_v1_logger(
-        url, database, BufferSettings(batch_items=BATCH, max_items=POINTS, max_bytes=POINTS * 4_096)
-    )
-    # The caller's own work (building its dicts) is done before the clock starts: this
-    # measures what the client costs, as the ceiling measures what the server costs.
-    records = [({"node": str(i % 16)}, fields_for(i)) for i in range(1_000)]
-    start = time.perf_counter()
-    for i in range(POINTS):
-        tags, fields = records[i % 1_000]
-        logger.log("throughput", tags, fields, timestamp=1_700_000_000_000_000_000 + i)
-    left = logger.flush(120)
-    elapsed = time.perf_counter() - start
-    sent = logger.stats()["sent"]
-    logger.close(1)
-    assert left == 0 and sent == POINTS, (left, sent)
-    return POINTS / elapsed
+def records() -> list[tuple[dict[str, str], dict[str, float]]]:
+    """The 1,000 (tags, fields) pairs both sides cycle through: 10 float fields each."""
+    return [({"node": str(i % 16)}, {f"field_{k}": (i % 1_000) * 0.25 + k for k in range(10)}) for i in range(1_000)]
 
 
-def ceiling_rate(url: str, database: str) -> float:
-    lines = [
-        f"ceiling,node={i % 16},role=miner,uid=1 "
-        + ",".join(f"{k}={v}" for k, v in sorted(fields_for(i).items()))
-        + f" {1_700_000_000_000_000_000 + i}\n"
-        for i in range(POINTS)
-    ]
-    bodies = [gzip.compress("".join(lines[i : i + BATCH]).encode(), 1) for i in range(0, POINTS, BATCH)]
+def ceiling_rate(url: str, database: str, points: int) -> float:
+    pairs = records()
+    lines = []
+    for i in range(points):
+        tags, fields = pairs[i % 1_000]
+        lines.append(
+            f"throughput,node={tags['node']},role=miner,uid=1 "
+            + ",".join(f"{k}={v}" for k, v in sorted(fields.items()))
+            + f" {TS + i}\n"
+        )
+    bodies = [gzip.compress("".join(lines[i : i + BATCH]).encode(), 1) for i in range(0, points, BATCH)]
     pool = urllib3.PoolManager(maxsize=1)
     headers = {"Content-Encoding": "gzip", "Content-Type": "text/plain"}
     start = time.perf_counter()
     for body in bodies:
         response = pool.request("POST", f"{url}/write?db={database}&precision=n", body=body, headers=headers)
         assert response.status == 204, response.data
-    return POINTS / (time.perf_counter() - start)
+    return points / (time.perf_counter() - start)
+
+
+def client_run(code: Path, url: str, database: str, points: int) -> tuple[float, float]:
+    """The client under `code` logging `points` points in a process of its own: (points/s, its CPU seconds)."""
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD, url, database, str(points), str(BATCH), str(TS)],
+        input=json.dumps(records()),
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(code)},
+        cwd=code,  # `python -c` imports from the working directory first
+        timeout=600,
+        check=False,
+    )
+    if child.returncode != 0:
+        raise RuntimeError(f"the client's process ended with {child.returncode}: {child.stderr[-2000:]}")
+    result = json.loads(child.stdout.splitlines()[-1])
+    if not Path(result["client"]).is_relative_to(code):
+        raise RuntimeError(f"the child imported {result['client']}, not the client under {code}")
+    if result["left"] or result["sent"] != points:
+        raise RuntimeError(f"the client delivered {result['sent']:,} of {points:,} points ({result['left']} left)")
+    return points / result["elapsed"], result["cpu"]
 
 
 def _cpu_seconds(process: psutil.Process) -> float:
@@ -73,48 +128,82 @@ def _cpu_seconds(process: psutil.Process) -> float:
     return times.user + times.system
 
 
-def _measured(run, url: str, database: str, server: psutil.Process) -> tuple[float, float, float]:
-    """`run(url, database)`'s rate, and the CPU seconds the server and this process spent meanwhile."""
-    me = psutil.Process()
-    server_before, client_before = _cpu_seconds(server), _cpu_seconds(me)
-    rate = run(url, database)
-    return rate, _cpu_seconds(server) - server_before, _cpu_seconds(me) - client_before
-
-
 def main() -> None:
-    ceilings, ours, stored, bounds, cpu = [], [], [], [], []
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--points", type=int, default=POINTS)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--baseline", help="a git revision whose client runs in every round too")
+    args = parser.parse_args()
     cores = len(os.sched_getaffinity(0))
-    with influxdb_v1() as server:
-        (influxd,) = [p for p in psutil.Process().children(recursive=True) if p.name() == "influxd"]
-        for round_ in range(ROUNDS):  # alternate, on fresh databases: the server's speed drifts
-            server.create_database(f"ceiling{round_}")
-            server.create_database(f"client{round_}")
-            rate, ceiling_server_cpu, _ = _measured(ceiling_rate, server.url, f"ceiling{round_}", influxd)
-            ceilings.append(rate)
-            rate, server_cpu, client_cpu = _measured(client_rate, server.url, f"client{round_}", influxd)
-            ours.append(rate)
-            # The server's own work at the ceiling plus the client's, spread over the cores.
-            bounds.append(POINTS / max(POINTS / ceilings[-1], (ceiling_server_cpu + client_cpu) / cores))
-            cpu.append((ceiling_server_cpu, server_cpu, client_cpu))
-            stored.append(server.rows('SELECT count("field_0") FROM "throughput"', f"client{round_}")[0]["count"])
-    ceiling, client, bound = statistics.median(ceilings), statistics.median(ours), statistics.median(bounds)
-    print(f"{POINTS} points, 10 fields, batches of {BATCH}, InfluxDB 1.6.7 on loopback, {ROUNDS} alternating rounds")
-    print(f"server ceiling (pre-encoded batches) : {ceiling:10,.0f} points/s median  ({_rates(ceilings)})")
-    print(f"MetricsLogger, one process           : {client:10,.0f} points/s median  ({_rates(ours)})")
-    print(f"MetricsLogger / ceiling              : {client / ceiling:10.0%}")
-    print(f"stored by the server, each round     : {', '.join(f'{n:,}' for n in stored)} points")
-    print(
-        "CPU seconds per round (server at the ceiling, server and client in the client's run): "
-        + "; ".join(f"{a:.2f}, {b:.2f} + {c:.2f}" for a, b, c in cpu)
-    )
-    print(
-        f"bound on {cores} cores (the ceiling's server CPU plus the client's, over the cores): "
-        f"{bound:,.0f} points/s median, {bound / ceiling:.0%} of the ceiling"
-    )
+    with tempfile.TemporaryDirectory(prefix="bench-baseline-") as tmp:
+        clients = {"current": ROOT}
+        if args.baseline:
+            clients[f"baseline {args.baseline}"] = extract(args.baseline, Path(tmp))
+        results: dict[str, list[Round]] = {"ceiling": [], **{name: [] for name in clients}}
+        stored: dict[str, list[int]] = {name: [] for name in clients}
+        load = os.getloadavg()[0]
+        with influxdb_v1() as server:
+            (influxd,) = [p for p in psutil.Process().children(recursive=True) if p.name() == "influxd"]
+            for round_ in range(args.rounds):
+                database = f"ceiling{round_}"
+                server.create_database(database)
+                before = _cpu_seconds(influxd)
+                rate = ceiling_rate(server.url, database, args.points)
+                results["ceiling"].append(Round(rate, _cpu_seconds(influxd) - before, 0.0))
+                for index, (name, code) in enumerate(clients.items()):
+                    database = f"client{round_}_{index}"
+                    server.create_database(database)
+                    before = _cpu_seconds(influxd)
+                    rate, client_cpu = client_run(code, server.url, database, args.points)
+                    results[name].append(Round(rate, _cpu_seconds(influxd) - before, client_cpu))
+                    rows = server.rows('SELECT count("field_0") FROM "throughput"', database)
+                    stored[name].append(rows[0]["count"])
+                print(
+                    f"round {round_ + 1}: "
+                    + ", ".join(f"{name} {runs[-1].rate:,.0f}" for name, runs in results.items())
+                    + " points/s",
+                    flush=True,
+                )
+    report(results, stored, args, cores, load)
 
 
-def _rates(values: list[float]) -> str:
-    return ", ".join(f"{v:,.0f}" for v in values)
+def report(results: dict[str, list[Round]], stored: dict[str, list[int]], args, cores: int, load: float) -> None:
+    ceilings = results["ceiling"]
+    ceiling = statistics.median(r.rate for r in ceilings)
+    print(
+        f"{args.points:,} points, 10 fields, batches of {BATCH:,}, InfluxDB 1.6.7 on loopback, {args.rounds} rounds, "
+        f"{cores} cores, load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
+    )
+    print(f"{'server ceiling (pre-encoded batches)':40} {ceiling:10,.0f} points/s median  ({_rates(ceilings)})")
+    for name, runs in results.items():
+        if name == "ceiling":
+            continue
+        rate = statistics.median(r.rate for r in runs)
+        # Per round, against that round's ceiling: the server's speed drifts between rounds.
+        shares = [r.rate / c.rate for r, c in zip(runs, ceilings, strict=True)]
+        print(
+            f"{'MetricsLogger, one process: ' + name:40} {rate:10,.0f} points/s median  ({_rates(runs)}); "
+            f"of the round's ceiling: median {statistics.median(shares):.0%} "
+            f"({', '.join(f'{s:.0%}' for s in shares)})"
+        )
+        print(
+            f"{'':40} stored {', '.join(f'{n:,}' for n in stored[name])}; CPU seconds per round, server + client: "
+            + "; ".join(f"{r.server_cpu:.2f} + {r.client_cpu:.2f}" for r in runs)
+            + f"; client CPU per point {statistics.median(r.client_cpu for r in runs) / args.points * 1e6:.1f} us"
+        )
+        # The server's own work at the ceiling plus the client's, spread over the cores.
+        bounds = [
+            args.points / max(args.points / c.rate, (c.server_cpu + r.client_cpu) / cores)
+            for r, c in zip(runs, ceilings, strict=True)
+        ]
+        print(
+            f"{'':40} bound on {cores} cores (the ceiling's server CPU plus this client's, over the cores): "
+            f"median {statistics.median(bounds) / ceiling:.0%} of the ceiling"
+        )
+
+
+def _rates(runs: list[Round]) -> str:
+    return ", ".join(f"{r.rate:,.0f}" for r in runs)
 
 
 if __name__ == "__main__":
