@@ -1,10 +1,15 @@
-"""TLS verification is on by default: a certificate nobody vouched for is refused, a given CA is trusted."""
+"""TLS verification is on by default: a certificate nobody vouched for is refused, a given CA is trusted.
+
+Also what the transport writes per request, over HTTP and HTTPS.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import socket
 import ssl
+import threading
 from pathlib import Path
 
 import pytest
@@ -15,6 +20,7 @@ from cryptography.x509.oid import NameOID
 from fault_server import fault_server
 
 from telemetry_client import BufferSettings
+from telemetry_client._engine.transport import HttpTransport
 from telemetry_client.metrics import MetricsLogger
 
 FAST = BufferSettings(flush_interval=0.05, retry_base=0.02, retry_cap=0.1)
@@ -83,3 +89,32 @@ def test_verification_can_be_turned_off_explicitly(https_server):
     assert logger.flush(5) == 0
     assert https_server.lines[0].startswith(b"m x=2 ")
     logger.close(1)
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_request_goes_out_in_one_send(scheme, certificate, monkeypatch):
+    """Head and body in one system call: each send releases the interpreter lock to callers that log without pause."""
+    sends: list[int] = []
+    me = threading.get_ident()
+    for cls in (socket.socket, ssl.SSLSocket):
+        original = cls.sendall
+
+        def counting(self, data, *args, _original=original, **kwargs):
+            if threading.get_ident() == me:
+                sends.append(len(data))
+            return _original(self, data, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "sendall", counting)
+    context = None
+    if scheme == "https":
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(*certificate)
+    with fault_server(tls=context) as server:
+        transport = HttpTransport(f"{server.url}/write?db=d", ca_certs=str(certificate[0]))
+        try:
+            for i in range(3):
+                assert transport.start(transport.encode_body(b"m f=1 %d\n" % i)).finish().status == 204
+        finally:
+            transport.close()
+        assert len(server.wait_for_lines(3)) == 3
+    assert len(sends) == 3, sends

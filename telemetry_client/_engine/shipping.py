@@ -52,6 +52,8 @@ ANSWER_POLL = 0.02  # seconds the sender waits on an unanswered request before l
 CLOSE_MARGIN = 0.2  # seconds of the exit deadline kept for closing after delivery stops (at most a tenth of it)
 SPLIT_AFTER_429S = 2  # consecutive 429s on a batch before it is halved
 GIVE_UP_AFTER_429S = 6  # consecutive 429s on a single item larger than the stated rate before it is dropped
+LOOK_INTERVAL = 0.001  # seconds of encoding between two looks at whether the server has answered
+MAX_ANSWER_TIME = 0.5  # seconds: a longer wait for an answer counts as this much in the moving average
 OVERLAP_CHUNK = 100  # records encoded between two looks at whether the server has answered
 # A request unanswered this long (seconds) means the server is not keeping up: the
 # buffer's bounds then drop the oldest data, encoded or not (see `_spared`).
@@ -239,6 +241,7 @@ class Channel:
         self._intake_limit = self.settings.max_items  # records the intake may hold (see _update_intake_limit)
         self._in_flight: _Batch | None = None  # the batch whose request the sender is making
         self._in_flight_since = 0.0  # when that request started (monotonic)
+        self._answer_time = 0.0  # seconds the server has taken to answer (a moving average)
         self._answering = False  # a delivery, and no failure since (see `_spared`)
         self._unconfirmed_batch: _Batch | None = None  # the one close() counted unconfirmed, until answered
         self._lock = threading.Lock()
@@ -683,9 +686,22 @@ class Channel:
             while not pending.answered() and engine.encode_queued():
                 pass
             return
+        # A look at the socket releases the interpreter lock, and a caller that logs
+        # without pause then holds it for up to the switch interval (5 ms): looking
+        # after every chunk would leave the sender a fraction of its share. So while
+        # there is encoding to do, the first look waits for half the time the server
+        # has been taking to answer, and the next ones come `LOOK_INTERVAL` apart.
+        started = time.monotonic()
+        next_look = started + self._answer_time / 2
         busy = True
-        while not wait(0.0 if busy else ANSWER_POLL):
+        while True:
+            if not busy or time.monotonic() >= next_look:
+                if wait(0.0 if busy else ANSWER_POLL):
+                    break
+                next_look = time.monotonic() + LOOK_INTERVAL
             busy = engine.encode_queued()
+        taken = time.monotonic() - started
+        self._answer_time += (min(taken, MAX_ANSWER_TIME) - self._answer_time) * 0.25
 
     def encode_chunk(self) -> bool:
         """Encode one chunk of the records waiting (while a request is in flight); True when there were any."""

@@ -18,7 +18,7 @@ import urllib.parse
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from telemetry_client._engine.settings import Timeouts
 
@@ -87,6 +87,41 @@ class Destination(Protocol):
         ...
 
 
+class _OneSend:
+    """A request's head and body in one system call; `http.client` sends them in two.
+
+    Each send releases the interpreter lock, and a caller that logs without pause
+    then holds it for up to the switch interval (5 ms). Set `hold_head` before
+    `request()`: its first `send` (the head) is kept and goes out with the next (the
+    body); `release_head()` sends a head still kept (a request without a body).
+    """
+
+    hold_head = False
+    _head: bytes | None = None
+
+    def send(self, data: Any) -> None:
+        if self.hold_head and self._head is None and isinstance(data, bytes):
+            self._head = data
+            return
+        head, self._head = self._head, None
+        self.hold_head = False
+        super().send(head + bytes(data) if head is not None else data)  # type: ignore[misc]
+
+    def release_head(self) -> None:
+        self.hold_head = False
+        head, self._head = self._head, None
+        if head is not None:
+            super().send(head)  # type: ignore[misc]
+
+
+class _OneSendHTTPConnection(_OneSend, http.client.HTTPConnection):
+    pass
+
+
+class _OneSendHTTPSConnection(_OneSend, http.client.HTTPSConnection):
+    pass
+
+
 def gzip_body(body: bytes) -> bytes:
     """`body` gzipped at level 1 (most of the gain for little CPU).
 
@@ -105,6 +140,7 @@ class Pending:
         self._connection = connection
         self._read_timeout = read_timeout
         self._deadline = time.monotonic() + read_timeout  # the answer must start by then
+        self._started = False  # the answer has started to come (a look at the socket said so)
 
     def answered(self) -> bool:
         """True once the server has started to answer (reading would not wait)."""
@@ -117,23 +153,25 @@ class Pending:
 
     def _readable(self, timeout: float) -> bool:
         sock = self._connection.sock
-        if sock is None:
+        if sock is None or self._started:
             return True
         if isinstance(sock, ssl.SSLSocket) and sock.pending():
+            self._started = True
             return True
         try:
-            return bool(select.select([sock], [], [], timeout)[0])
+            self._started = bool(select.select([sock], [], [], timeout)[0])
         except (OSError, ValueError):
             return True
+        return self._started
 
     def finish(self) -> Response:
         """The answer. Its first byte must come within the read timeout of the request's start, as a whole."""
         try:
-            if self._connection.sock is not None:
-                started = self.answered()
-                self._connection.sock.settimeout(
-                    self._read_timeout if started else max(0.001, self._deadline - time.monotonic())
-                )
+            sock = self._connection.sock
+            if sock is not None and not self.answered():
+                # Not started yet: what is left of the read timeout, as a whole. Once
+                # it has started, the socket keeps the read timeout `start` gave it.
+                _set_timeout(sock, max(0.001, self._deadline - time.monotonic()))
             response = self._connection.getresponse()
             body = response.read()
             if response.will_close:
@@ -188,11 +226,11 @@ class HttpTransport:
 
     def _connect(self, timeout: float) -> http.client.HTTPConnection:
         if self._https:
-            connection: http.client.HTTPConnection = http.client.HTTPSConnection(
+            connection: http.client.HTTPConnection = _OneSendHTTPSConnection(
                 self._host, self._port, timeout=timeout, context=self._tls_context()
             )
         else:
-            connection = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+            connection = _OneSendHTTPConnection(self._host, self._port, timeout=timeout)
         connection.connect()
         connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return connection
@@ -224,8 +262,12 @@ class HttpTransport:
                 if self._connection is None:
                     self._connection = self._connect(connect)
                 connection = self._connection
-                connection.sock.settimeout(read)
-                connection.request("POST", self._target, body=body, headers=self.headers)
+                _set_timeout(connection.sock, read)
+                connection.hold_head = True
+                try:
+                    connection.request("POST", self._target, body=body, headers=self.headers)
+                finally:
+                    connection.release_head()
                 return Pending(self, connection, read)
             except (OSError, http.client.HTTPException) as exc:
                 self.disconnect()
@@ -241,6 +283,13 @@ class HttpTransport:
 
     def close(self) -> None:
         self.disconnect()
+
+
+def _set_timeout(sock: socket.socket, timeout: float) -> None:
+    """Set a socket's timeout only when it changes: each setting is a system call that releases the interpreter
+    lock, which a caller logging without pause then holds for up to the switch interval (5 ms)."""
+    if sock.gettimeout() != timeout:
+        sock.settimeout(timeout)
 
 
 def _describe(exc: BaseException) -> str:
