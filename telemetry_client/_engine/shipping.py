@@ -53,7 +53,9 @@ CLOSE_MARGIN = 0.2  # seconds of the exit deadline kept for closing after delive
 SPLIT_AFTER_429S = 2  # consecutive 429s on a batch before it is halved
 GIVE_UP_AFTER_429S = 6  # consecutive 429s on a single item larger than the stated rate before it is dropped
 LOOK_INTERVAL = 0.001  # seconds of encoding between two looks at whether the server has answered
-MAX_ANSWER_TIME = 0.5  # seconds: a longer wait for an answer counts as this much in the moving average
+# Seconds: a longer wait for an answer counts as this much in its moving average, so that
+# the first look (at half of it) never comes more than 50 ms after an exit deadline.
+MAX_ANSWER_TIME = 0.1
 OVERLAP_CHUNK = 100  # records encoded between two looks at whether the server has answered
 # A request unanswered this long (seconds) means the server is not keeping up: the
 # buffer's bounds then drop the oldest data, encoded or not (see `_spared`).
