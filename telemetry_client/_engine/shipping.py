@@ -575,17 +575,21 @@ class Channel:
         """Send, encode and batch what is due; return seconds until this channel next needs a wake-up.
 
         A batch ready to send goes before any more encoding, and encoding stops once a
-        batch is sealed: the server works on it while the sender encodes
-        (`_wait_for_answer`). Encoding a round of 10,000 records first kept the server
-        idle up to 0.2 s per round while callers flooded the interpreter.
+        batch is sealed that may be sent now: the server works on it while the sender
+        encodes (`_wait_for_answer`). Encoding a round of 10,000 records first kept the
+        server idle up to 0.2 s per round while callers flooded the interpreter. While
+        the next attempt waits (an outage), the whole round is encoded before the
+        bounds are enforced: records still waiting count at their raw size (about 70
+        times an encoded point's), and would push out batches they will shrink to fit
+        beside.
         """
         sent_first = self._send_due(deadline)
         with self._lock:
             sealed = len(self._backlog)
             for _ in range(max(1, 2 * self.settings.batch_items // OVERLAP_CHUNK)):
                 self._encode_intake(OVERLAP_CHUNK)
-                if len(self._backlog) > sealed or not self._intake:
-                    break  # a batch is ready: it is sent before more is encoded
+                if not self._intake or (len(self._backlog) > sealed and time.monotonic() >= self._next_attempt):
+                    break  # a batch is ready and may be sent: it goes before more is encoded
             for key, partial in list(self._partials.items()):
                 if self._flush_requested or now - partial.created >= self.settings.flush_interval:
                     self._seal_partial(key)
