@@ -93,7 +93,8 @@ class _OneSend:
     Each send releases the interpreter lock, and a caller that logs without pause
     then holds it for up to the switch interval (5 ms). Set `hold_head` before
     `request()`: its first `send` (the head) is kept and goes out with the next (the
-    body); `release_head()` sends a head still kept (a request without a body).
+    body); `release_head()` after it sends a head still kept (a request without a
+    body). A request that fails discards its connection, and a head kept with it.
     """
 
     hold_head = False
@@ -213,7 +214,7 @@ class HttpTransport:
         if compress:
             self.headers["Content-Encoding"] = "gzip"
         self._tls: ssl.SSLContext | None = None
-        self._connection: http.client.HTTPConnection | None = None
+        self._connection: _OneSendHTTPConnection | _OneSendHTTPSConnection | None = None
 
     def _tls_context(self) -> ssl.SSLContext:
         if self._tls is None:
@@ -224,9 +225,9 @@ class HttpTransport:
             self._tls = context
         return self._tls
 
-    def _connect(self, timeout: float) -> http.client.HTTPConnection:
+    def _connect(self, timeout: float) -> _OneSendHTTPConnection | _OneSendHTTPSConnection:
         if self._https:
-            connection: http.client.HTTPConnection = _OneSendHTTPSConnection(
+            connection: _OneSendHTTPConnection | _OneSendHTTPSConnection = _OneSendHTTPSConnection(
                 self._host, self._port, timeout=timeout, context=self._tls_context()
             )
         else:
@@ -264,10 +265,8 @@ class HttpTransport:
                 connection = self._connection
                 _set_timeout(connection.sock, read)
                 connection.hold_head = True
-                try:
-                    connection.request("POST", self._target, body=body, headers=self.headers)
-                finally:
-                    connection.release_head()
+                connection.request("POST", self._target, body=body, headers=self.headers)
+                connection.release_head()
                 return Pending(self, connection, read)
             except (OSError, http.client.HTTPException) as exc:
                 self.disconnect()
