@@ -30,6 +30,7 @@ from grafana.alerting_src import settings as st
 from grafana.alerting_src.rules import RETIRED_RULE_UIDS, groups
 from grafana.builder.alerts import rule_group
 from grafana.builder.backend import Backend, building_for
+from grafana.builder.generated import write_generated
 from grafana.builder.targets import Json
 from grafana.dashboards_src import BUILDERS
 
@@ -225,21 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     files = {args.out / name: text for name, text in render("influxdb").items()}
     files.update({args.victoriametrics_out / name: text for name, text in render("victoriametrics").items()})
-    stale = []
-    for path, text in files.items():
-        if path.exists() and path.read_text(encoding="utf-8") == text:
-            continue
-        stale.append(path)
-        if not args.check:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
-    if args.check and stale:
-        names = ", ".join(str(path) for path in stale)
-        print(f"out of date: {names}; run python -m grafana.build_alerting", file=sys.stderr)
-        return 1
-    for path in stale:
-        print(f"wrote {path}")
-    return 0
+    return write_generated(files, args.check, "python -m grafana.build_alerting")
 
 
 if __name__ == "__main__":

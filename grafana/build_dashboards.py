@@ -27,6 +27,7 @@ from pathlib import Path
 
 from grafana.builder import downsampling
 from grafana.builder.backend import Backend, building_for
+from grafana.builder.generated import write_generated
 from grafana.builder.queries import DROP_REASONS
 from grafana.dashboards_src import BUILDERS
 
@@ -66,22 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--downsampling-out", type=Path, default=DOWNSAMPLING_DIR)
     parser.add_argument("--victoriametrics-out", type=Path, default=VICTORIAMETRICS_OUT_DIR)
     args = parser.parse_args(argv)
-    stale = []
-    for path, text in render_all(args.out, args.downsampling_out, args.victoriametrics_out).items():
-        current = path.read_text(encoding="utf-8") if path.exists() else None
-        if current == text:
-            continue
-        stale.append(path)
-        if not args.check:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
-    if args.check and stale:
-        names = ", ".join(str(path) for path in stale)
-        print(f"out of date: {names}; run python -m grafana.build_dashboards", file=sys.stderr)
-        return 1
-    for name in stale:
-        print(f"wrote {name}")
-    return 0
+    files = render_all(args.out, args.downsampling_out, args.victoriametrics_out)
+    return write_generated(files, args.check, "python -m grafana.build_dashboards")
 
 
 if __name__ == "__main__":
