@@ -423,3 +423,32 @@ def test_a_snapshot_of_another_image_is_refused_before_anything_is_restored(tmp_
     assert same.returncode == 0 and (target / "grafana.db").is_file()
     missing = stack_backup(config, "restore", "--store", "loki", "--target", str(tmp_path / "none"))
     assert missing.returncode == 1 and "no snapshot latest of loki from metrics_prod" in missing.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving files another owner needs root, as the backup timer has")
+def test_restored_credentials_keep_their_owner_and_mode(tmp_path: Path) -> None:
+    """A credential comes back owned by its server's user, in a directory as private as before.
+
+    Caddy and vmauth run as users of their own: a secret restored as root's, or into
+    a directory root made, is one they cannot read.
+    """
+    owner = (4242, 4343)
+    stores, _ = credentials(tmp_path, "x")
+    nodes = tmp_path / "live" / "secrets" / "nodes"
+    nodes.chmod(0o750)
+    for path in (nodes, *nodes.iterdir()):
+        os.chown(path, *owner)
+    config = write_config(tmp_path, stores)
+    assert stack_backup(config, "run").returncode == 0
+    token = (nodes / "miner-01.token").read_bytes()
+    for path in nodes.iterdir():
+        path.unlink()
+    nodes.rmdir()
+    restored = tmp_path / "restored"
+    assert stack_backup(config, "restore", "--store", "credentials", "--target", str(restored)).returncode == 0
+    filled = stack_backup(config, "fill-missing", "--source", str(restored))
+    assert filled.returncode == 0, filled.stderr
+    assert (nodes / "miner-01.token").read_bytes() == token
+    for path, mode in ((nodes, 0o750), (nodes / "miner-01.token", 0o600), (nodes / "miner-01.loki-password", 0o600)):
+        status = path.stat()
+        assert (status.st_uid, status.st_gid, stat.S_IMODE(status.st_mode)) == (*owner, mode), path

@@ -11,7 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
-from .stores import copy_tree
+from .stores import copy_tree, same_owner
 
 
 def _chown_tree(root: Path, owner: tuple[int, int]) -> None:
@@ -41,18 +41,23 @@ def fill_missing(source: Path, root: Path = Path("/")) -> list[Path]:
     """Copy each file of source (a files store: absolute paths below it) to its place unless one is there.
 
     A credential that exists on the host is newer than any backup (rotations),
-    so only what the host lost comes back.
+    so only what the host lost comes back. Each file, and each directory made
+    for it, gets the mode and owner it had when it was backed up.
     """
     restored = []
     for base, _dirs, files in os.walk(source):
         for name in files:
             path = Path(base) / name
-            destination = root / path.relative_to(source)
+            relative = path.relative_to(source)
+            destination = root / relative
             if destination.exists():
                 continue
-            destination.parent.mkdir(parents=True, exist_ok=True)
+            for parent in reversed(relative.parents[:-1]):
+                if not (root / parent).exists():
+                    (root / parent).mkdir()
+                    shutil.copystat(source / parent, root / parent)
+                    same_owner(source / parent, root / parent)
             shutil.copy2(path, destination)
-            stat = path.stat()
-            os.chown(destination, stat.st_uid, stat.st_gid)
+            same_owner(path, destination)
             restored.append(destination)
     return restored

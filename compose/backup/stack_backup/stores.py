@@ -50,10 +50,18 @@ def _run(store: str, what: str, argv: list[str], env: dict[str, str] | None = No
         raise StageError(f"{store}: {what} failed (exit {result.returncode}): {detail}")
 
 
+def same_owner(source: Path, copy: Path) -> None:
+    """As root, give a copy its source's owner: a credential comes back readable by its server's user only."""
+    if os.geteuid() == 0:
+        status = os.lstat(source)
+        os.lchown(copy, status.st_uid, status.st_gid)
+
+
 def copy_tree(source: Path, target: Path, follow_links: bool = False, link: bool = False) -> int:
     """Copy a directory; with `link`, hard-link files instead where the disk allows (immutable parts).
 
     Returns the number of files. Symbolic links are kept as links unless `follow_links`.
+    Modes are kept, and owners too when running as root (`same_owner`).
     """
     if not source.is_dir():
         raise StageError(f"{source} is not a directory")
@@ -63,16 +71,19 @@ def copy_tree(source: Path, target: Path, follow_links: bool = False, link: bool
         destination = target / relative
         destination.mkdir(parents=True, exist_ok=True)
         shutil.copystat(root, destination)
+        same_owner(Path(root), destination)
         dirs.sort()
         for name in list(dirs):
             path = Path(root) / name
             if path.is_symlink() and not follow_links:
                 os.symlink(os.readlink(path), destination / name)
+                same_owner(path, destination / name)
                 dirs.remove(name)
         for name in files:
             path = Path(root) / name
             if path.is_symlink() and not follow_links:
                 os.symlink(os.readlink(path), destination / name)
+                same_owner(path, destination / name)
                 continue
             real = path.resolve() if follow_links else path
             if link:
@@ -84,6 +95,7 @@ def copy_tree(source: Path, target: Path, follow_links: bool = False, link: bool
                     if error.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
                         raise
             shutil.copy2(real, destination / name)
+            same_owner(real, destination / name)
             count += 1
     return count
 
@@ -154,11 +166,17 @@ def _stage_files(store: Store, target: Path) -> None:
         if not path.exists():
             raise StageError(f"{store.name}: {path} does not exist")
         destination = target / path.relative_to(path.anchor)
+        for ancestor in reversed(path.parents[:-1]):  # the directories above it, as they are on the host
+            staged = target / ancestor.relative_to(path.anchor)
+            if not staged.exists():
+                staged.mkdir()
+                shutil.copystat(ancestor, staged)
+                same_owner(ancestor, staged)
         if path.is_dir():
             copy_tree(path, destination)
         else:
-            destination.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, destination)
+            same_owner(path, destination)
 
 
 STAGERS = {
