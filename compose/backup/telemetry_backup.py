@@ -261,8 +261,11 @@ def prune(directory: Path, keep: int) -> list[Path]:
     return removed
 
 
-def _owner(text: str) -> tuple[int, int]:
-    uid, _, gid = text.partition(":")
+def owner(text: str) -> tuple[int, int]:
+    """`UID` or `UID:GID` (a command-line argument) as (uid, gid)."""
+    uid, sep, gid = text.partition(":")
+    if not uid.isdigit() or (sep and not gid.isdigit()):
+        raise argparse.ArgumentTypeError(f"not UID or UID:GID: {text!r}")
     return int(uid), int(gid or uid)
 
 
@@ -281,16 +284,16 @@ def main(argv: list[str] | None = None) -> int:
         command = commands.add_parser(name)
         command.add_argument("source", type=Path)
         command.add_argument("destination", type=Path)
-        command.add_argument("--owner", type=_owner, help=owner_help)
+        command.add_argument("--owner", type=owner, help=owner_help)
     command = commands.add_parser("snapshot")
     command.add_argument("directory", type=Path)
     command.add_argument("archive", type=Path)
-    command.add_argument("--owner", type=_owner, help=owner_help)
+    command.add_argument("--owner", type=owner, help=owner_help)
     command.add_argument("--follow-links", action="store_true", help="archive what symbolic links point to")
     command = commands.add_parser("restore-snapshot")
     command.add_argument("archive", type=Path)
     command.add_argument("directory", type=Path)
-    command.add_argument("--owner", type=_owner, help=owner_help)
+    command.add_argument("--owner", type=owner, help=owner_help)
     command = commands.add_parser("flush")
     command.add_argument("url")
     key_help = "the file holding VictoriaMetrics' -snapshotAuthKey"

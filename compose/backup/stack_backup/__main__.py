@@ -12,6 +12,8 @@ import os
 import sys
 from pathlib import Path
 
+import telemetry_backup
+
 from . import config as settings
 from . import lock, putback, run, state
 from .restic import Restic, ResticError
@@ -43,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     put = commands.add_parser("put-back", help="put a restored store in place (its server stopped)")
     put.add_argument("--source", type=Path, required=True, help="where `restore` put the store")
     put.add_argument("--target", type=Path, required=True, help="the store's directory, replaced whole")
-    put.add_argument("--owner", help="UID:GID the files get")
+    put.add_argument("--owner", type=telemetry_backup.owner, help="UID or UID:GID the files get")
     fill = commands.add_parser("fill-missing", help="copy restored credentials back where the host lost them")
     fill.add_argument("--source", type=Path, required=True)
     fill.add_argument("--root", type=Path, default=Path("/"), help="prefix of the absolute paths (render root)")
@@ -71,9 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stack_backup: restored {args.store} (snapshot {chosen[:8]}) into {args.target}")
         return 0
     if args.command == "put-back":
-        owner = tuple(int(n) for n in args.owner.split(":")) if args.owner else None
         try:
-            count = putback.replace_directory(args.source, args.target, owner)  # type: ignore[arg-type]
+            count = putback.replace_directory(args.source, args.target, args.owner)
         except (ValueError, OSError) as error:
             return _fail(str(error))
         print(f"stack_backup: {args.target} now holds the {count} restored files")
