@@ -95,6 +95,8 @@ def run_settings(load_seconds: float, window_seconds: float) -> dict[str, str]:
         "ALERT_LOSS_BASELINE_SECONDS": span,
         "ALERT_LOG_ERRORS_BASELINE_SECONDS": span,
         "ALERT_STORE_WINDOW_SECONDS": span,
+        # The backup reports come every second of the load (simulator/backups.py), not every 15 minutes.
+        "ALERT_BACKUP_REPORT_WINDOW_SECONDS": span,
         # The clean edge's refusals (the deploy's checks) come once, at the start: the rule judges them too.
         "ALERT_EDGE_REFUSED_WINDOW_SECONDS": span,
         # A validator's window lasts about --window-seconds: give it four of them to move.

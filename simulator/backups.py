@@ -6,8 +6,9 @@ In production the backup role's report timer on each stateful host writes one
 last_duration_seconds=...,added_bytes=<n>i <ns>` (telemetry_client/catalog.py), in
 InfluxDB line protocol to the metrics store's write endpoint. The simulator's stack
 has no backups, so with `--backup-status` it writes such reports for HOSTS over the
-load, every REPORT_EVERY_SECONDS (the 15 minutes, scaled to the run), to the same
-write URL the nodes use:
+load, every REPORT_EVERY_SECONDS (1 s, where the real timer reports every 15
+minutes; the rule's report window is the run's span), to the same write URL the
+nodes use:
 
 - a clean host's last backup succeeded a few hours before the load (LAST_SUCCESS_HOURS,
   all well under the alert threshold), and every run is ok: its age grows with time;
