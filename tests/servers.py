@@ -286,7 +286,7 @@ class VictoriaMetrics:
         with urllib.request.urlopen(f"{self.url}/api/v1/export?{query}", timeout=30) as response:
             return [json.loads(line) for line in response.read().splitlines() if line.strip()]
 
-    def wait_for_series(self, match: str, count: int, timeout: float = 15.0) -> list[dict]:
+    def wait_for_series(self, match: str, count: int, timeout: float = 60.0) -> list[dict]:
         """Poll the export until `count` series match (new series take a moment to become searchable)."""
         deadline = time.monotonic() + timeout
         while True:

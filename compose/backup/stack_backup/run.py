@@ -110,7 +110,7 @@ def backup(config: Config, only: list[str] | None = None) -> state.State:
                 if target.exists():
                     shutil.rmtree(target)
         stored = not errors
-        if stored:
+        if stored and not only:  # retention after complete runs only (docs/deployment.md)
             try:
                 repository.forget()
             except ResticError as error:
