@@ -35,7 +35,7 @@ from grafana.alerting_src import settings as st
 from grafana.alerting_src.rules import RULES
 from simulator import dashboards as dash
 from simulator import expressions as ex
-from simulator.faults import ActiveFault, down_datasources
+from simulator.faults import STORE_FAULTS, ActiveFault, down_datasources
 
 REPO = Path(__file__).resolve().parents[1]
 ALERTING_DIR = REPO / "grafana" / "alerting"
@@ -298,13 +298,14 @@ def evaluate(
     checks = [
         evaluate_rule(group, rule, influx, loki, at_ms, rule["uid"] in expected, prometheus) for group, rule in rules
     ]
-    # A node fault's rule reads a store that a store fault of the same run took down: it can
-    # only be an Error (Grafana's execErrState decides, not the node's fault), so it is not judged.
+    # A fault's rule (a node's, the edge's, the backups') reads a store that a store fault of the
+    # same run took down: it can only be an Error (Grafana's execErrState decides, not the
+    # fault), so it is not judged.
     down = down_datasources(faults)
-    by_node_faults = expected_rules([f for f in faults if f.uid is not None])
+    by_other_faults = expected_rules([f for f in faults if f.kind not in STORE_FAULTS])
     for (_, rule), check in zip(rules, checks, strict=True):
         blind = sorted(down & {q["datasourceUid"] for q in rule["data"]})
-        if rule["uid"] in by_node_faults and blind and check.status != SKIPPED:
+        if rule["uid"] in by_other_faults and blind and check.status != SKIPPED:
             check.status, check.fires, check.instances = SKIPPED, False, []
             check.message = f"its fault cannot be seen while {', '.join(blind)} is down (a store fault of this run)"
     return checks

@@ -352,6 +352,15 @@ def test_a_node_fault_whose_store_is_down_is_not_judged_and_the_store_rule_fires
     assert alerts["telemetry-loki-unavailable"]["fires"]
 
 
+def test_the_edge_fault_whose_store_is_down_is_not_judged_either(stack: list[str], tmp_path: Path) -> None:
+    """The refused-credentials rule reads the edge's audit in Loki: with Loki down it cannot show the refusals."""
+    code, report = simulate(stack, tmp_path, "--fault", "refused-credentials", "--fault", "loki-down")
+    alerts = by_uid(report)
+    assert code == 0, report["summary"]
+    assert alerts["telemetry-edge-refused-credentials"]["status"] == al.SKIPPED
+    assert "loki is down" in alerts["telemetry-edge-refused-credentials"]["message"]
+
+
 def test_a_prometheus_rule_query_runs_instant_at_its_window_end_with_the_window_as_range() -> None:
     """Grafana's Prometheus backend: $__range is the window in whole seconds; the query runs at the window's end."""
     asked: list[tuple[str, int]] = []
