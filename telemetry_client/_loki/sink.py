@@ -160,11 +160,15 @@ def metadata_name(name: str) -> str:
 DISALLOWED_METADATA = "disallowed_structured_metadata"
 
 
+def _metadata_bytes(metadata: Mapping[str, str] | None) -> int:
+    """What an entry's structured metadata adds to its size in a batch."""
+    return sum(len(k) + len(v.encode("utf-8")) for k, v in (metadata or {}).items())
+
+
 def _without_metadata(item: Item) -> Item:
     """The same entry without its structured metadata, its size as `encode` would give it."""
     (key, ts, line, metadata, line_bytes), size, item_key = item
-    size -= sum(len(k) + len(v.encode("utf-8")) for k, v in (metadata or {}).items())
-    return (key, ts, line, None, line_bytes), size, item_key
+    return (key, ts, line, None, line_bytes), size - _metadata_bytes(metadata), item_key
 
 
 class LokiSink:
@@ -230,7 +234,7 @@ class LokiSink:
         metadata = self._metadata(context) if self.structured_metadata and context else None
         size = line_bytes + ITEM_OVERHEAD_BYTES
         if metadata:
-            size += sum(len(k) + len(v.encode("utf-8")) for k, v in metadata.items())
+            size += _metadata_bytes(metadata)
         key = self.streams[level_label(levelno)][0]
         emit(((key, ts, line, metadata, line_bytes), size, key))
 
