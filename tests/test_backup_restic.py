@@ -301,6 +301,12 @@ def test_a_second_run_waits_for_nothing_and_refuses_while_one_holds_the_lock(tmp
         ({"stores": [{"name": "influxdb", "kind": "tar"}]}, "stores[0].kind 'tar' must be one of"),
         ({"stores": [{"name": "grafana", "kind": "sqlite"}]}, "stores[0] (grafana): path is required"),
         ({"report": {"url": "influx:8086"}}, "report.url 'influx:8086' must be an http:// or https:// URL"),
+        ({"space_margin": "lots"}, "space_margin must be a number, not 'lots'"),
+        ({"space_reserve_bytes": 1.5}, "space_reserve_bytes must be a whole number, not 1.5"),
+        ({"space_reserve_bytes": -1}, "space_reserve_bytes must be 0 or more"),
+        ({"report": {"timeout_seconds": True}}, "report.timeout_seconds must be a number, not True"),
+        ({"report": {"timeout_seconds": 0}}, "report.timeout_seconds must be more than 0"),
+        ({"keep_last": "7"}, "keep_last must be a whole number, not '7'"),
     ],
 )
 def test_a_wrong_setting_is_named_before_anything_runs(tmp_path: Path, change: dict, message: str) -> None:
@@ -310,6 +316,29 @@ def test_a_wrong_setting_is_named_before_anything_runs(tmp_path: Path, change: d
     result = stack_backup(config, "run")
     assert result.returncode == 1 and message in result.stderr, result.stderr
     assert not (tmp_path / "backup" / "staging").exists()
+
+
+@pytest.mark.parametrize("saved", ["{not json", "[]", '{"installed": "yesterday"}', '{"last_run_ok": 1}'])
+def test_an_unusable_state_file_is_named_by_report_and_run(tmp_path: Path, saved: str) -> None:
+    stores, _ = credentials(tmp_path, "x")
+    config = write_config(tmp_path, stores)
+    state_file = tmp_path / "backup" / "state.json"
+    state_file.write_text(saved)
+    for command in ("report", "run"):
+        result = stack_backup(config, command)
+        assert result.returncode == 1, result.stderr
+        assert f"the state file {state_file} is unusable" in result.stderr and "move it aside" in result.stderr
+        assert "Traceback" not in result.stderr
+    assert state_file.read_text() == saved  # left for the operator to look at
+
+
+def test_a_repository_password_is_never_printed(tmp_path: Path) -> None:
+    stores, _ = credentials(tmp_path, "x")
+    config = write_config(tmp_path, stores, repository="rest:https://backup:s3cr3t@127.0.0.1:9/metrics_prod/")
+    result = stack_backup(config, "check-config")
+    assert result.returncode == 0, result.stderr
+    assert "rest:https://backup:***@127.0.0.1:9/metrics_prod/" in result.stdout
+    assert "s3cr3t" not in result.stdout + result.stderr
 
 
 def test_a_missing_password_file_fails_the_run_and_says_so(tmp_path: Path) -> None:

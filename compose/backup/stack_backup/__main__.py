@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"{args.config}: {error}")
     if args.command == "check-config":
         stores = ", ".join(f"{s.name} ({s.kind})" for s in config.stores)
-        print(f"{config.host}: {stores} -> restic {config.repository}")
+        print(f"{config.host}: {stores} -> restic {settings.shown_repository(config.repository)}")
         return 0
     if args.command == "snapshots":
         try:
@@ -86,14 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "report":
         try:
             print(run.report(config), end="")
-        except state.ReportError as error:
+        except (state.ReportError, state.StateError) as error:
             return _fail(str(error))
         return 0
     try:
         outcome = run.backup(config, args.store)
     except lock.Busy as error:
         return _fail(str(error), 3)
-    except (ValueError, run.PartialRunFailed) as error:
+    except (ValueError, run.PartialRunFailed, state.StateError) as error:
         return _fail(str(error))
     if args.store:
         print(f"stack_backup: backed up {', '.join(args.store)}", flush=True)

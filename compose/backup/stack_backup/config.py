@@ -64,15 +64,34 @@ class Config:
     report: Report = field(default_factory=Report)
 
 
+_KINDS = {str: "string", int: "whole number", float: "number", list: "list"}
+
+
+def _typed(value: Any, kind: type, name: str) -> Any:
+    """`value` as a `kind` (an int is a float too), else a ConfigError naming the setting; a bool is no number."""
+    accepted = (int, float) if kind is float else kind
+    if isinstance(value, bool) or not isinstance(value, accepted):
+        raise ConfigError(f"{name} must be a {_KINDS.get(kind, kind.__name__)}, not {value!r}")
+    return float(value) if kind is float else value
+
+
 def _require(data: dict[str, Any], key: str, kind: type, where: str = "") -> Any:
     if key not in data or data[key] in ("", None):
         raise ConfigError(f"{where}{key} is required")
-    value = data[key]
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise ConfigError(f"{where}{key} must be a {kind.__name__}, not {value!r}")
-    return value
+    return _typed(data[key], kind, where + key)
+
+
+def _optional(data: dict[str, Any], key: str, default: Any, kind: type, where: str = "") -> Any:
+    return _typed(data.get(key, default), kind, where + key)
+
+
+def shown_repository(repository: str) -> str:
+    """The repository as it may be printed: a password in a URL (rest:https://user:password@host/) is starred.
+
+    restic does the same in what it prints (restic/restic, internal/backend/location/location.go,
+    StripPassword, at b077a12; each backend's own StripPassword for its URLs).
+    """
+    return re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", repository)
 
 
 def _optional_path(data: dict[str, Any], key: str) -> Path | None:
@@ -132,11 +151,14 @@ def parse(data: Any) -> Config:
     url = report_data.get("url") or ""
     if url and not url.startswith(("https://", "http://")):
         raise ConfigError(f"report.url {url!r} must be an http:// or https:// URL")
+    timeout = _optional(report_data, "timeout_seconds", Report.timeout_seconds, float, "report.")
+    if timeout <= 0:
+        raise ConfigError(f"report.timeout_seconds must be more than 0, not {timeout!r}")
     report = Report(
         url=url,
         token_file=_optional_path(report_data, "token_file"),
         ca_file=_optional_path(report_data, "ca_file"),
-        timeout_seconds=float(report_data.get("timeout_seconds", 30.0)),
+        timeout_seconds=timeout,
     )
     options = data.get("restic_options", [])
     if not isinstance(options, list) or not all(isinstance(o, str) and "=" in o for o in options):
@@ -144,9 +166,12 @@ def parse(data: Any) -> Config:
     staging = Path(_require(data, "staging_dir", str))
     if not staging.is_absolute() or len(staging.parts) < 3:
         raise ConfigError(f"staging_dir {staging} must be an absolute path of its own (a run empties it)")
-    margin = float(data.get("space_margin", 1.1))
+    margin = _optional(data, "space_margin", Config.space_margin, float)
     if margin < 1.0:
         raise ConfigError(f"space_margin must be 1.0 or more, not {margin}")
+    reserve = _optional(data, "space_reserve_bytes", Config.space_reserve_bytes, int)
+    if reserve < 0:
+        raise ConfigError(f"space_reserve_bytes must be 0 or more, not {reserve!r}")
     return Config(
         host=_require(data, "host", str),
         repository=_require(data, "repository", str),
@@ -161,7 +186,7 @@ def parse(data: Any) -> Config:
         restic_options=options,
         repository_env_file=_optional_path(data, "repository_env_file"),
         space_margin=margin,
-        space_reserve_bytes=int(data.get("space_reserve_bytes", 256 * 1024 * 1024)),
+        space_reserve_bytes=reserve,
         report=report,
     )
 

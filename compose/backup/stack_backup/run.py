@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from . import lock, state, stores
-from .config import Config
+from .config import Config, shown_repository
 from .restic import Restic, ResticError
 from .space import NoSpace, require_free
 
@@ -75,7 +75,7 @@ def backup(config: Config, only: list[str] | None = None) -> state.State:
         repository = Restic(config)
         try:
             if repository.ensure_repository():
-                _say(f"created the restic repository {config.repository}")
+                _say(f"created the restic repository {shown_repository(config.repository)}")
         except ResticError as error:
             errors.append(str(error))
         chosen = [s for s in config.stores if not only or s.name in only]

@@ -29,6 +29,10 @@ class ReportError(Exception):
     """The metric could not be written; the message has the URL and the answer."""
 
 
+class StateError(Exception):
+    """The state file cannot be read as a state; the message names it and what to do."""
+
+
 @dataclass
 class State:
     installed: float = 0.0
@@ -49,8 +53,33 @@ def load(path: Path, now: float | None = None) -> State:
         state = State(installed=time.time() if now is None else now)
         save(path, state)
         return state
-    known = {k: v for k, v in data.items() if k in State.__dataclass_fields__}
+    except (OSError, ValueError) as error:
+        raise _unusable(path, error) from error
+    if not isinstance(data, dict):
+        raise _unusable(path, f"a JSON {type(data).__name__}, not an object")
+    defaults = State()
+    known = {}
+    for name, value in data.items():
+        if name not in State.__dataclass_fields__:
+            continue  # a setting of a later release: kept out, as before
+        if not _fits(value, type(getattr(defaults, name))):
+            raise _unusable(path, f"{name} is {value!r}")
+        known[name] = value
     return State(**known)
+
+
+def _fits(value: object, kind: type) -> bool:
+    """True when a saved value has its field's type (an int is a float too; a bool is only a bool)."""
+    if kind is bool or isinstance(value, bool):
+        return kind is bool and isinstance(value, bool)
+    return isinstance(value, (int, float) if kind is float else kind)
+
+
+def _unusable(path: Path, why: object) -> StateError:
+    return StateError(
+        f"the state file {path} is unusable ({why}); move it aside and the next run starts a new one "
+        "(the backup's age then counts from that run)"
+    )
 
 
 def save(path: Path, state: State) -> None:
