@@ -1259,20 +1259,31 @@ def test_credentials_of_a_node_not_yet_deployed_say_to_deploy_first(tmp_path):
 
 @pytest.mark.timeout(900)
 def test_node_add_refuses_a_uid_taken_or_one_of_the_stacks_own_names(tmp_path):
-    """make node-add: another node's uid, or a uid or role starting with "_" (the _edge tenant), writes nothing."""
+    """make node-add: another node's uid, or an identity the preflight refuses (a leading "_", . or .., a character
+    outside its set), writes nothing."""
     inventory = tmp_path / "inventory" / "prod"
     shutil.copytree(REPO / "inventory" / "prod", inventory)
     nodes_file = inventory / "group_vars" / "all" / "nodes.yml"
     text = nodes_file.read_text()
     # example-miner-01 is uid "1"; the new nodes' identities are given before they are added.
-    entries = {"miner-07": '{uid: "1", role: miner}', "miner-08": '{uid: "_edge"}', "miner-09": "{uid: m9, role: _x}"}
+    entries = {
+        "miner-07": '{uid: "1", role: miner}',
+        "miner-08": '{uid: "_edge"}',
+        "miner-09": "{uid: m9, role: _x}",
+        "miner-11": '{uid: ".."}',
+        "miner-12": '{uid: "a/b"}',
+        "miner-13": "{uid: m13, role: Validator}",
+    }
     lines = "".join(f"  {node}: {entry}\n" for node, entry in entries.items())
     nodes_file.write_text(text.replace("telemetry_node_identities:\n", "telemetry_node_identities:\n" + lines, 1))
     before = nodes_file.read_text()
     refusals = {
         "miner-07": "already the uid of example-miner-01",
-        "miner-08": "may not start with _",
-        "miner-09": "may not start with _",
+        "miner-08": 'miner-08 would be stored as uid "_edge", role "miner"',
+        "miner-09": 'miner-09 would be stored as uid "m9", role "_x"',
+        "miner-11": 'miner-11 would be stored as uid ".."',
+        "miner-12": 'miner-12 would be stored as uid "a/b"',
+        "miner-13": 'miner-13 would be stored as uid "m13", role "Validator"',
     }
     for node, reason in refusals.items():
         result = _nodes_play(inventory, node, "add")
