@@ -613,8 +613,9 @@ def execute(args: argparse.Namespace, line_counter: LineCounter | None = None) -
     if stack.backend == "influxdb":
         check_reachable(f"{stack.influx_url}/ping", "InfluxDB")
     else:
-        # Every VictoriaMetrics server answers /health at its root (lib/httpserver/httpserver.go);
-        # a cluster's vminsert knows no /insert/<tenant>/influx/ping and logs each such request.
+        # Every VictoriaMetrics server answers /health at its root (VictoriaMetrics v1.136.0
+        # lib/httpserver/httpserver.go, builtinRoutesHandler); a cluster's vminsert knows no
+        # /insert/<tenant>/influx/ping and logs each such request.
         check_reachable(f"{stack.influx_url.split('/insert/', 1)[0]}/health", "the metrics write URL")
     args.dashboards = args.dashboards or DASHBOARD_DIRS[stack.backend]
     args.alerting = args.alerting or al.ALERTING_DIRS[stack.backend]

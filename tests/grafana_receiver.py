@@ -1,7 +1,9 @@
 """A local stand-in for Grafana's `POST /api/ds/query`, backed by a real InfluxDB 1.x and the Loki receiver.
 
 Grafana cannot run here, so the simulator's Grafana path is tested against this
-receiver, which follows Grafana's documented request and response format:
+receiver, which follows Grafana's documented request and response format. The
+grafana/grafana paths cited below are of the release versions.env pins
+(GRAFANA_IMAGE), the grafana/loki ones of the pinned 3.7 line (read at tag v3.7.6):
 
 * authentication: `Authorization: Bearer <service account token>` or basic auth;
   anything else is answered 401 `{"message": "Unauthorized"}`;
@@ -72,7 +74,7 @@ from simulator import dashboards as dash
 
 _RELATIVE = re.compile(r"^now(?:-(\d+)([smhdw]))?$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-# Lines a Loki query returns when it names no limit (grafana/loki pkg/loghttp/params.go).
+# Lines a Loki query returns when it names no limit (grafana/loki v3.7.6 pkg/loghttp/params.go, defaultQueryLimit).
 LOKI_DEFAULT_QUERY_LIMIT = 100
 
 
@@ -267,7 +269,7 @@ class GrafanaReceiver:
             view = tenant_view(source.receiver, source.org_id)
             # Grafana's backend sends maxLines as `limit`, and no limit when the query has
             # none (grafana/grafana pkg/tsdb/loki/api.go makeDataRequest); Loki then
-            # returns 100 lines (grafana/loki pkg/loghttp/params.go defaultQueryLimit).
+            # returns 100 lines (LOKI_DEFAULT_QUERY_LIMIT).
             limit = int(query.get("maxLines") or LOKI_DEFAULT_QUERY_LIMIT)
             data = logql_query(executed, source.receiver.entries, start_ns, end_ns, step, limit, view)
         except TenantError as exc:
