@@ -3,6 +3,11 @@
 #
 # Run with bash inside `unshare -rn` (this namespace plays the host):
 #   PYTHON=python3 PORTS="8086 3100" READY_PORT=9999 firewall_netns.sh RULES CLIENT_ADDRESS...
+# With HOLD_PORT=<port> HOLD_COUNT=<n>, the container keeps its connections on
+# that port open, and the first client holds n of them open while it, then the
+# second client, try one more; then it closes them and tries again. Prints
+# "<client> holds <how many of n answered>", then "<client> <port> <what probe says>"
+# for each try, in that order.
 # The host has 10.0.0.20 on a bridge of clients, one namespace per client
 # address, and a "container" at 172.18.0.2 behind a DNAT rule for every port of
 # 10.0.0.20, as Docker publishes one (nat PREROUTING, then FORWARD through
@@ -61,19 +66,24 @@ COMMIT
 RULES
 iptables-restore --noflush "$rules"
 
-# The container answers "ok" on every port.
+# The container answers "ok" on every port (and keeps the connection open on HOLD_PORT).
 in_ns "$container" "$PYTHON" -c '
 import socket, sys, threading
-def serve(port):
-    listener = socket.create_server(("172.18.0.2", port))
+held = []
+def serve(port, hold):
+    listener = socket.create_server(("172.18.0.2", port), backlog=1024)
     while True:
         connection, _ = listener.accept()
         connection.sendall(b"ok")
-        connection.close()
-for port in map(int, sys.argv[1:]):
-    threading.Thread(target=serve, args=(port,), daemon=True).start()
+        if hold:
+            held.append(connection)
+        else:
+            connection.close()
+hold_port = int(sys.argv[1])
+for port in map(int, sys.argv[2:]):
+    threading.Thread(target=serve, args=(port, port == hold_port), daemon=True).start()
 threading.Event().wait()
-' $PORTS "$READY_PORT" >/dev/null 2>&1 &
+' "${HOLD_PORT:-0}" $PORTS ${HOLD_PORT:-} "$READY_PORT" >/dev/null 2>&1 &
 pids="$pids $!"
 
 # "open" (the container answered), "dropped" (no answer within the deadline:
@@ -116,3 +126,38 @@ for job in $(jobs -p); do
     *) wait "$job" ;;
   esac
 done
+
+[ -n "${HOLD_PORT:-}" ] || exit 0
+set -- $clients
+holder=${1%%:*}
+holder_address=${1#*:}
+other=${2%%:*}
+other_address=${2#*:}
+# The holder keeps HOLD_COUNT connections open until its standard input closes.
+coproc HOLDER {
+  in_ns "$holder" "$PYTHON" -c '
+import socket, sys
+held = []
+for _ in range(int(sys.argv[3])):
+    try:
+        s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+        if s.recv(2) == b"ok":
+            held.append(s)
+    except OSError:
+        pass
+print(len(held), flush=True)
+sys.stdin.read()' 10.0.0.20 "$HOLD_PORT" "$HOLD_COUNT"
+}
+read -r answered <&"${HOLDER[0]}"
+echo "$holder_address holds $answered"
+echo "$holder_address $HOLD_PORT $(probe "$holder" 10.0.0.20 "$HOLD_PORT" 10)"
+echo "$other_address $HOLD_PORT $(probe "$other" 10.0.0.20 "$HOLD_PORT" 10)"
+eval "exec ${HOLDER[1]}>&-"
+wait "$HOLDER_PID"
+# Closed connections leave the count at once (their conntrack entries close); allow a few tries.
+for _ in $(seq 50); do
+  again=$(probe "$holder" 10.0.0.20 "$HOLD_PORT" 10)
+  [ "$again" = open ] && break
+  sleep 0.1
+done
+echo "$holder_address $HOLD_PORT $again"

@@ -36,3 +36,14 @@ def by_port(rules: str) -> dict[int, list[str]]:
     assert len({address for address, _, _ in ports}) <= 1, ports
     assert {proto for _, proto, _ in ports} <= {"tcp"}, ports
     return {port: sources for (_, _, port), sources in ports.items()}
+
+
+CAP = re.compile(
+    r"(?m)^-A DOCKER-USER -p tcp --syn -m conntrack --ctstate DNAT --ctorigdstport (?P<port>\d+) --ctdir ORIGINAL "
+    r"-m connlimit --connlimit-above (?P<cap>\d+) --connlimit-mask 32 -j DROP$"
+)
+
+
+def capped(rules: str) -> dict[int, int]:
+    """port -> the connections one source address may hold open on it (the public ports' cap)."""
+    return {int(cap["port"]): int(cap["cap"]) for cap in CAP.finditer(rules)}

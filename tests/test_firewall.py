@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from firewall_rules import admitted, by_port
+from firewall_rules import admitted, by_port, capped
 from servers import require_binary
 
 pytestmark = pytest.mark.slow
@@ -201,6 +201,51 @@ def test_the_rules_drop_real_connections_from_hosts_a_port_does_not_admit(scaled
         for port in ports
     }
     assert seen == expected
+
+
+def test_the_proxys_public_ports_cap_the_connections_of_one_address(scaled_loki, tmp_path):
+    """The reverse proxy's HTTP and HTTPS take at most firewall_connections_per_address connections from one
+    source; no other host caps anything, and 0 turns the cap off."""
+    assert capped(scaled_loki["grafana_prod"]) == {80: 256, 443: 256}
+    for host, text in scaled_loki.items():
+        if host != "grafana_prod":
+            assert capped(text) == {}, host
+    for run in ("moved", "off"):
+        (tmp_path / run).mkdir()
+    moved = _render(tmp_path / "moved", {}, {}, reverse_proxy_https_port=8443, firewall_connections_per_address=3)
+    assert capped(moved["grafana_prod"]) == {80: 3, 8443: 3}
+    off = _render(tmp_path / "off", {}, {}, firewall_connections_per_address=0)
+    assert capped(off["grafana_prod"]) == {}
+
+
+def test_one_address_holding_its_cap_is_refused_and_no_other_address_is(tmp_path):
+    """The proxy's rules loaded into namespaces that forward to a container as Docker does: one client holds the
+    cap's connections to 443 open; its next one is dropped while another client still connects, and once it closes
+    them it connects again."""
+    for tool in ("unshare", "nsenter", "ip", "iptables-restore", "bash"):
+        require_binary(tool)
+    cap = 5
+    (tmp_path / "render").mkdir()
+    rendered = _render(tmp_path / "render", {}, {}, firewall_connections_per_address=cap)
+    rules = tmp_path / "docker-user.rules"
+    rules.write_text(rendered["grafana_prod"])
+    holder, other = "10.0.0.40", BYSTANDER["bystander"]
+    env = dict(os.environ, PYTHON=sys.executable, PORTS="", READY_PORT="9999", HOLD_PORT="443", HOLD_COUNT=str(cap))
+    result = subprocess.run(
+        ["unshare", "-rn", "bash", str(REPO / "tests/firewall_netns.sh"), str(rules), holder, other],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines() == [
+        f"{holder} holds {cap}",
+        f"{holder} 443 dropped",
+        f"{other} 443 open",
+        f"{holder} 443 open",
+    ], result.stdout + result.stderr
 
 
 SYSTEMCTL = """\
