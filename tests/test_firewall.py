@@ -167,20 +167,13 @@ def test_a_client_without_a_private_address_is_refused_before_any_change(tmp_pat
     assert (tmp_path / "root/dash/opt/telemetry/firewall/docker-user.rules").is_file()
 
 
-def test_the_rules_drop_real_connections_from_hosts_a_port_does_not_admit(scaled_loki, tmp_path):
-    """metrics_prod's rules loaded into namespaces that forward to a container as Docker does (DNAT, then
-    DOCKER-USER): the proxy reaches InfluxDB and Loki but not gRPC or gossip, a Loki peer the reverse, a
-    bystander none of them; a port the rules do not name (8428 here) stays open to all."""
+def _in_namespaces(rules: Path, clients: list[str], **settings: str) -> str:
+    """What tests/firewall_netns.sh prints with `rules` loaded and these client addresses (see its settings)."""
     for tool in ("unshare", "nsenter", "ip", "iptables-restore", "bash"):
         require_binary(tool)
-    rules = tmp_path / "docker-user.rules"
-    rules.write_text(scaled_loki["metrics_prod"])
-    clients = {"proxy": PROXY, "peer": PEERS["loki_b"], "bystander": BYSTANDER["bystander"]}
-    ports = [8086, 3100, 9096, 7946, 8428]
-    env = dict(os.environ, PYTHON=sys.executable, PORTS=" ".join(map(str, ports)), READY_PORT="9999")
-    script = str(REPO / "tests/firewall_netns.sh")
+    env = dict(os.environ, PYTHON=sys.executable, READY_PORT="9999", **settings)
     result = subprocess.run(
-        ["unshare", "-rn", "bash", script, str(rules), *clients.values()],
+        ["unshare", "-rn", "bash", str(REPO / "tests/firewall_netns.sh"), str(rules), *clients],
         env=env,
         capture_output=True,
         text=True,
@@ -188,7 +181,19 @@ def test_the_rules_drop_real_connections_from_hosts_a_port_does_not_admit(scaled
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    lines = (line.split(" ", 2) for line in result.stdout.splitlines())
+    return result.stdout
+
+
+def test_the_rules_drop_real_connections_from_hosts_a_port_does_not_admit(scaled_loki, tmp_path):
+    """metrics_prod's rules loaded into namespaces that forward to a container as Docker does (DNAT, then
+    DOCKER-USER): the proxy reaches InfluxDB and Loki but not gRPC or gossip, a Loki peer the reverse, a
+    bystander none of them; a port the rules do not name (8428 here) stays open to all."""
+    rules = tmp_path / "docker-user.rules"
+    rules.write_text(scaled_loki["metrics_prod"])
+    clients = {"proxy": PROXY, "peer": PEERS["loki_b"], "bystander": BYSTANDER["bystander"]}
+    ports = [8086, 3100, 9096, 7946, 8428]
+    output = _in_namespaces(rules, list(clients.values()), PORTS=" ".join(map(str, ports)))
+    lines = (line.split(" ", 2) for line in output.splitlines())
     seen = {(address, int(port)): what for address, port, what in lines}
     reachable = {
         "proxy": {8086, 3100, 8428},
@@ -222,30 +227,19 @@ def test_one_address_holding_its_cap_is_refused_and_no_other_address_is(tmp_path
     """The proxy's rules loaded into namespaces that forward to a container as Docker does: one client holds the
     cap's connections to 443 open; its next one is dropped while another client still connects, and once it closes
     them it connects again."""
-    for tool in ("unshare", "nsenter", "ip", "iptables-restore", "bash"):
-        require_binary(tool)
     cap = 5
     (tmp_path / "render").mkdir()
     rendered = _render(tmp_path / "render", {}, {}, firewall_connections_per_address=cap)
     rules = tmp_path / "docker-user.rules"
     rules.write_text(rendered["grafana_prod"])
     holder, other = "10.0.0.40", BYSTANDER["bystander"]
-    env = dict(os.environ, PYTHON=sys.executable, PORTS="", READY_PORT="9999", HOLD_PORT="443", HOLD_COUNT=str(cap))
-    result = subprocess.run(
-        ["unshare", "-rn", "bash", str(REPO / "tests/firewall_netns.sh"), str(rules), holder, other],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.splitlines() == [
+    output = _in_namespaces(rules, [holder, other], PORTS="", HOLD_PORT="443", HOLD_COUNT=str(cap))
+    assert output.splitlines() == [
         f"{holder} holds {cap}",
         f"{holder} 443 dropped",
         f"{other} 443 open",
         f"{holder} 443 open",
-    ], result.stdout + result.stderr
+    ], output
 
 
 SYSTEMCTL = """\
