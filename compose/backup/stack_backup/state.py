@@ -61,7 +61,7 @@ def load(path: Path, now: float | None = None) -> State:
     known = {}
     for name, value in data.items():
         if name not in State.__dataclass_fields__:
-            continue  # a setting of a later release: kept out, as before
+            continue  # a field of another release: left out, as before
         if not _fits(value, type(getattr(defaults, name))):
             raise _unusable(path, f"{name} is {value!r}")
         known[name] = value
