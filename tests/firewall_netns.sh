@@ -66,23 +66,29 @@ COMMIT
 RULES
 iptables-restore --noflush "$rules"
 
-# The container answers "ok" on every port (and keeps the connection open on HOLD_PORT).
+# The container answers "ok" on every port; on HOLD_PORT it keeps the connection
+# open until the client closes it, then closes its side (a connection left half
+# closed would stay in conntrack's count for a minute). It ends after 600 s, as
+# the namespaces' sleeps do, should this script be killed before its trap runs.
 in_ns "$container" "$PYTHON" -c '
 import socket, sys, threading
-held = []
+def close_at_eof(connection):
+    with connection:
+        while connection.recv(4096):
+            pass
 def serve(port, hold):
     listener = socket.create_server(("172.18.0.2", port), backlog=1024)
     while True:
         connection, _ = listener.accept()
         connection.sendall(b"ok")
         if hold:
-            held.append(connection)
+            threading.Thread(target=close_at_eof, args=(connection,), daemon=True).start()
         else:
             connection.close()
 hold_port = int(sys.argv[1])
 for port in map(int, sys.argv[2:]):
     threading.Thread(target=serve, args=(port, port == hold_port), daemon=True).start()
-threading.Event().wait()
+threading.Event().wait(600)
 ' "${HOLD_PORT:-0}" $PORTS ${HOLD_PORT:-} "$READY_PORT" >/dev/null 2>&1 &
 pids="$pids $!"
 
@@ -148,16 +154,18 @@ for _ in range(int(sys.argv[3])):
 print(len(held), flush=True)
 sys.stdin.read()' 10.0.0.20 "$HOLD_PORT" "$HOLD_COUNT"
 }
+holder_pid=$HOLDER_PID # bash unsets HOLDER_PID once the coprocess has ended
+holder_in=${HOLDER[1]}
 read -r answered <&"${HOLDER[0]}"
 echo "$holder_address holds $answered"
 echo "$holder_address $HOLD_PORT $(probe "$holder" 10.0.0.20 "$HOLD_PORT" 10)"
 echo "$other_address $HOLD_PORT $(probe "$other" 10.0.0.20 "$HOLD_PORT" 10)"
-eval "exec ${HOLDER[1]}>&-"
-wait "$HOLDER_PID"
-# Closed connections leave the count at once (their conntrack entries close); allow a few tries.
-for _ in $(seq 50); do
-  again=$(probe "$holder" 10.0.0.20 "$HOLD_PORT" 10)
+eval "exec ${holder_in}>&-"
+wait "$holder_pid" || true
+# Connections closed on both sides leave the count as their conntrack entries
+# close; a few tries of 2 s each, 60 s at most.
+for _ in $(seq 30); do
+  again=$(probe "$holder" 10.0.0.20 "$HOLD_PORT" 2)
   [ "$again" = open ] && break
-  sleep 0.1
 done
 echo "$holder_address $HOLD_PORT $again"
