@@ -284,11 +284,22 @@ def test_a_uid_shared_by_two_nodes_or_by_an_operator_login_is_refused(tmp_path, 
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(
-    "identity", [{"uid": "_edge"}, {"uid": "m1", "role": "_edge"}, {"uid": ".."}, {"uid": "a b"}, {"role": "Miner"}]
+    "identity",
+    [
+        {"uid": "_edge"},
+        {"uid": "m1", "role": "_edge"},
+        {"uid": ".."},
+        {"uid": "a b"},
+        {"role": "Miner"},
+        {"uid": None},
+        "m1",
+        ["m1"],
+    ],
 )
 def test_an_identity_of_the_stacks_own_or_out_of_the_rules_is_refused_before_anything_is_written(tmp_path, identity):
-    """A leading "_" marks the stack's own names (the _edge Loki tenant of the access logs); a uid names a tenant."""
+    """A leading "_" marks the stack's own names (the _edge Loki tenant of the access logs); a uid names a tenant;
+    an identity is {uid, role}, never a bare value or an empty uid (which would be stored as "None")."""
     proxy = MetricsProxy(tmp_path, ["127.0.0.1:9"])
-    with pytest.raises(AssertionError, match=r"miner-01 would be stored as uid .*neither may start with '_'"):
+    with pytest.raises(AssertionError, match=r"miner-01(('s identity)| would be stored as uid ).*neither may start"):
         proxy.converge(NODES, telemetry_node_identities={"miner-01": identity})
     assert not proxy.caddyfile.exists()
