@@ -307,6 +307,9 @@ def test_a_second_run_waits_for_nothing_and_refuses_while_one_holds_the_lock(tmp
         ({"report": {"timeout_seconds": True}}, "report.timeout_seconds must be a number, not True"),
         ({"report": {"timeout_seconds": 0}}, "report.timeout_seconds must be more than 0"),
         ({"keep_last": "7"}, "keep_last must be a whole number, not '7'"),
+        ({"space_margin": float("nan")}, "space_margin must be a number, not nan"),
+        ({"restic": 7}, "restic must be a string, not 7"),
+        ({"report": {"url": 8086}}, "report.url must be a string, not 8086"),
     ],
 )
 def test_a_wrong_setting_is_named_before_anything_runs(tmp_path: Path, change: dict, message: str) -> None:
@@ -332,13 +335,33 @@ def test_an_unusable_state_file_is_named_by_report_and_run(tmp_path: Path, saved
     assert state_file.read_text() == saved  # left for the operator to look at
 
 
+def test_an_unusable_state_file_still_reports_a_failing_point_that_ages(tmp_path: Path, monkeypatch) -> None:
+    """Runs stop writing the file, so the point's age, counted from its last change, reaches the overdue alert."""
+    monkeypatch.syspath_prepend(str(TOOL_DIR))
+    from stack_backup import config as settings
+    from stack_backup import run, state
+
+    stores, _ = credentials(tmp_path, "x")
+    config = settings.load(write_config(tmp_path, stores, report={"url": "http://127.0.0.1:9/write"}))
+    config.state_file.write_text("{not json")
+    os.utime(config.state_file, (1_000.0, 1_000.0))
+    written: list[str] = []
+    monkeypatch.setattr(state, "write_metric", lambda report, line: written.append(line))
+    with pytest.raises(state.StateError, match="is unusable"):
+        run.report(config, now=101_000.0)
+    assert written == [
+        "stack_backup,host=metrics_prod last_success=0.0,age_seconds=100000.0,last_run_ok=0i,"
+        "last_duration_seconds=0.0,added_bytes=0i 101000000000000\n"
+    ]
+
+
 def test_a_repository_password_is_never_printed(tmp_path: Path) -> None:
     stores, _ = credentials(tmp_path, "x")
-    config = write_config(tmp_path, stores, repository="rest:https://backup:s3cr3t@127.0.0.1:9/metrics_prod/")
+    config = write_config(tmp_path, stores, repository="rest:https://backup:s3@cr3t@127.0.0.1:9/metrics_prod/")
     result = stack_backup(config, "check-config")
     assert result.returncode == 0, result.stderr
     assert "rest:https://backup:***@127.0.0.1:9/metrics_prod/" in result.stdout
-    assert "s3cr3t" not in result.stdout + result.stderr
+    assert "cr3t" not in result.stdout + result.stderr
 
 
 def test_a_missing_password_file_fails_the_run_and_says_so(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ is staged or sent.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,7 +71,7 @@ _KINDS = {str: "string", int: "whole number", float: "number", list: "list"}
 def _typed(value: Any, kind: type, name: str) -> Any:
     """`value` as a `kind` (an int is a float too), else a ConfigError naming the setting; a bool is no number."""
     accepted = (int, float) if kind is float else kind
-    if isinstance(value, bool) or not isinstance(value, accepted):
+    if isinstance(value, bool) or not isinstance(value, accepted) or (kind is float and not math.isfinite(value)):
         raise ConfigError(f"{name} must be a {_KINDS.get(kind, kind.__name__)}, not {value!r}")
     return float(value) if kind is float else value
 
@@ -85,13 +86,19 @@ def _optional(data: dict[str, Any], key: str, default: Any, kind: type, where: s
     return _typed(data.get(key, default), kind, where + key)
 
 
+def _optional_text(data: dict[str, Any], key: str, default: str, where: str = "") -> str:
+    """An optional string; absent, null or empty is the default."""
+    value = data.get(key)
+    return default if value in (None, "") else _typed(value, str, where + key)
+
+
 def shown_repository(repository: str) -> str:
     """The repository as it may be printed: a password in a URL (rest:https://user:password@host/) is starred.
 
     restic does the same in what it prints (restic/restic, internal/backend/location/location.go,
     StripPassword, at b077a12; each backend's own StripPassword for its URLs).
     """
-    return re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", repository)
+    return re.sub(r"(://[^/@:]*:)[^/]*@", r"\1***@", repository)  # up to the last @ before the path
 
 
 def _optional_path(data: dict[str, Any], key: str) -> Path | None:
@@ -148,7 +155,7 @@ def parse(data: Any) -> Config:
     report_data = data.get("report") or {}
     if not isinstance(report_data, dict):
         raise ConfigError("report must be a mapping")
-    url = report_data.get("url") or ""
+    url = _optional_text(report_data, "url", "", "report.")
     if url and not url.startswith(("https://", "http://")):
         raise ConfigError(f"report.url {url!r} must be an http:// or https:// URL")
     timeout = _optional(report_data, "timeout_seconds", Report.timeout_seconds, float, "report.")
@@ -182,7 +189,7 @@ def parse(data: Any) -> Config:
         keep_within=keep_within,
         keep_last=keep_last,
         stores=stores,
-        restic=data.get("restic") or "restic",
+        restic=_optional_text(data, "restic", "restic"),
         restic_options=options,
         repository_env_file=_optional_path(data, "repository_env_file"),
         space_margin=margin,

@@ -42,13 +42,35 @@ def _say(message: str) -> None:
 
 
 def report(config: Config, current: state.State | None = None, now: float | None = None) -> str:
-    """Write this host's stack_backup point to the metrics store (when a URL is set); returns the line."""
+    """Write this host's stack_backup point to the metrics store (when a URL is set); returns the line.
+
+    With a state file that cannot be read (state.StateError, raised after the
+    point is written), the point says the last run failed and counts the age from
+    the file's last change: runs stop writing it, so the host ages into the
+    overdue alert, where a host that stopped reporting would only drop out of it.
+    """
     now = time.time() if now is None else now
-    current = current or state.load(config.state_file, now)
+    unusable = None
+    if current is None:
+        try:
+            current = state.load(config.state_file, now)
+        except state.StateError as error:
+            unusable = error
+            current = state.State(installed=_changed_at(config.state_file, now), last_error=str(error))
     line = state.metric_line(config.host, current, now)
     if config.report.url:
         state.write_metric(config.report, line)
+    if unusable is not None:
+        raise unusable
     return line
+
+
+def _changed_at(path: Path, now: float) -> float:
+    """When `path` last changed; `now` if that cannot be told."""
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return now
 
 
 def backup(config: Config, only: list[str] | None = None) -> state.State:
