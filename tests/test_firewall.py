@@ -221,6 +221,12 @@ def test_the_proxys_public_ports_cap_the_connections_of_one_address(scaled_loki,
     assert capped(moved["grafana_prod"]) == {80: 3, 8443: 3}
     off = _render(tmp_path / "off", {}, {}, firewall_connections_per_address=0)
     assert capped(off["grafana_prod"]) == {}
+    # A typo must not turn the cap off ("25O" | int is 0).
+    (tmp_path / "typo").mkdir()
+    root = str(tmp_path / "typo" / "root")
+    variables = {"telemetry_render_only": True, "telemetry_root": root, "firewall_connections_per_address": "25O"}
+    result = _play(tmp_path / "typo", {}, {}, variables, check=False)
+    assert result.returncode != 0 and "must be a whole number of connections" in result.stdout
 
 
 def test_one_address_holding_its_cap_is_refused_and_no_other_address_is(tmp_path):
