@@ -299,8 +299,9 @@ def evaluate(
         evaluate_rule(group, rule, influx, loki, at_ms, rule["uid"] in expected, prometheus) for group, rule in rules
     ]
     # A fault's rule (a node's, the edge's, the backups') reads a store that a store fault of the
-    # same run took down: it can only be an Error (Grafana's execErrState decides, not the
-    # fault), so it is not judged.
+    # same run took down: it can only be an Error, and then its execErrState decides, not the
+    # fault (grafana/grafana pkg/services/ngalert/eval/eval.go, as simulator/expressions.py
+    # cites), so it is not judged.
     down = down_datasources(faults)
     by_other_faults = expected_rules([f for f in faults if f.kind not in STORE_FAULTS])
     for (_, rule), check in zip(rules, checks, strict=True):

@@ -2,8 +2,9 @@
 
 Grafana cannot run here, so the simulator's Grafana path is tested against this
 receiver, which follows Grafana's documented request and response format. The
-grafana/grafana paths cited below are of the release versions.env pins
-(GRAFANA_IMAGE), the grafana/loki ones of the pinned 3.7 line (read at tag v3.7.6):
+grafana/grafana paths cited below are of release 13.2.1 (versions.env,
+GRAFANA_IMAGE); the grafana/loki ones were read at tag v3.7.6, of the 3.7 line
+whose 3.7.8 versions.env pins (LOKI_IMAGE):
 
 * authentication: `Authorization: Bearer <service account token>` or basic auth;
   anything else is answered 401 `{"message": "Unauthorized"}`;
