@@ -54,11 +54,15 @@ def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return cert_path, key_path
 
 
-@pytest.fixture
-def https_server(certificate):
+def _server_context(certificate) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(*certificate)
-    with fault_server(tls=context) as server:
+    return context
+
+
+@pytest.fixture
+def https_server(certificate):
+    with fault_server(tls=_server_context(certificate)) as server:
         yield server
 
 
@@ -105,11 +109,7 @@ def test_a_request_goes_out_in_one_send(scheme, certificate, monkeypatch):
             return _original(self, data, *args, **kwargs)
 
         monkeypatch.setattr(cls, "sendall", counting)
-    context = None
-    if scheme == "https":
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(*certificate)
-    with fault_server(tls=context) as server:
+    with fault_server(tls=_server_context(certificate) if scheme == "https" else None) as server:
         transport = HttpTransport(f"{server.url}/write?db=d", ca_certs=str(certificate[0]))
         try:
             for i in range(3):

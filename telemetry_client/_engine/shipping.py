@@ -56,7 +56,9 @@ LOOK_INTERVAL = 0.001  # seconds of encoding between two looks at whether the se
 # Seconds: a longer wait for an answer counts as this much in its moving average, so that
 # the first look (at half of it) never comes more than 50 ms after an exit deadline.
 MAX_ANSWER_TIME = 0.1
-OVERLAP_CHUNK = 100  # records encoded between two looks at whether the server has answered
+# Records encoded in one step: `encode_chunk`'s while a request is in flight, and `pump`'s
+# between two checks for a sealed batch that may be sent.
+OVERLAP_CHUNK = 100
 # A request unanswered this long (seconds) means the server is not keeping up: the
 # buffer's bounds then drop the oldest data, encoded or not (see `_spared`).
 STALLED_AFTER = 1.0
@@ -243,7 +245,9 @@ class Channel:
         self._intake_limit = self.settings.max_items  # records the intake may hold (see _update_intake_limit)
         self._in_flight: _Batch | None = None  # the batch whose request the sender is making
         self._in_flight_since = 0.0  # when that request started (monotonic)
-        self._answer_time = 0.0  # seconds the server has taken to answer (a moving average)
+        # Seconds from a request's start until the sender saw its answer (a moving average; the
+        # delay of its looks included).
+        self._answer_time = 0.0
         self._answering = False  # a delivery, and no failure since (see `_spared`)
         self._unconfirmed_batch: _Batch | None = None  # the one close() counted unconfirmed, until answered
         self._lock = threading.Lock()
@@ -571,19 +575,19 @@ class Channel:
                 self._attempt = 0
         self._update_intake_limit(*self._spared(now))
 
-    def pump(self, now: float, deadline: float | None) -> float:
+    def pump(self, deadline: float | None) -> float:
         """Send, encode and batch what is due; return seconds until this channel next needs a wake-up.
 
         A batch ready to send goes before any more encoding, and encoding stops once a
         batch is sealed that may be sent now: the server works on it while the sender
-        encodes (`_wait_for_answer`). Encoding a round of 10,000 records first kept the
-        server idle up to 0.2 s per round while callers flooded the interpreter. While
-        the next attempt waits (an outage), the whole round is encoded before the
-        bounds are enforced: records still waiting count at their raw size (about 70
-        times an encoded point's), and would push out batches they will shrink to fit
-        beside.
+        encodes (`_wait_for_answer`). While the next attempt waits (an outage), the
+        whole round is encoded before the bounds are enforced: records still waiting
+        count at their raw size (about 70 times an encoded point's), and would push
+        out batches they will shrink to fit beside. Two rounds of `_send_due`, so a
+        channel keeps the sender up to about 0.5 s before the next one's turn.
         """
         sent_first = self._send_due(deadline)
+        now = time.monotonic()  # after the sends, which may have taken a while
         with self._lock:
             sealed = len(self._backlog)
             for _ in range(max(1, 2 * self.settings.batch_items // OVERLAP_CHUNK)):
@@ -682,9 +686,9 @@ class Channel:
         """Encode the records callers queue, in every channel, until the server answers or the request times out.
 
         So records never pile up raw behind a slow or hanging request: they become
-        batches, and the bounds drop the oldest data whether encoded or not. Chunks
-        of `OVERLAP_CHUNK` records, with a look at the socket between two, so the
-        answer is read soon after it comes.
+        batches, and the bounds drop the oldest data whether encoded or not. The
+        socket is looked at by time, not by chunk (below), so the answer is read
+        soon after it comes.
         """
         engine = self._engine
         wait = getattr(pending, "wait", None)
@@ -1126,7 +1130,7 @@ class Engine:
             timeout = 1.0
             for channel in self.channels:
                 try:
-                    timeout = min(timeout, channel.pump(time.monotonic(), deadline))
+                    timeout = min(timeout, channel.pump(deadline))
                     channel.sink.on_idle(time.monotonic())
                 except Exception:
                     warn.warning("engine", "telemetry sender: unexpected error", exc_info=True)

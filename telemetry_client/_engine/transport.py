@@ -91,28 +91,32 @@ class _OneSend:
     """A request's head and body in one system call; `http.client` sends them in two.
 
     Each send releases the interpreter lock, and a caller that logs without pause
-    then holds it for up to the switch interval (5 ms). Set `hold_head` before
-    `request()`: its first `send` (the head) is kept and goes out with the next (the
-    body); `release_head()` after it sends a head still kept (a request without a
-    body). A request that fails discards its connection, and a head kept with it.
+    then holds it for up to the switch interval (5 ms). During `request()`, the
+    first `send` (the head) is kept and goes out with the next (the body), or alone
+    at the end (a request without a body). A request that fails discards its
+    connection, and a head kept with it.
     """
 
-    hold_head = False
+    _holding = False
     _head: bytes | None = None
 
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        self._holding = True
+        try:
+            super().request(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self._holding = False
+            head, self._head = self._head, None
+        if head is not None:
+            super().send(head)  # type: ignore[misc]
+
     def send(self, data: Any) -> None:
-        if self.hold_head and self._head is None and isinstance(data, bytes):
+        if self._holding and self._head is None:
             self._head = data
             return
         head, self._head = self._head, None
-        self.hold_head = False
+        self._holding = False
         super().send(head + bytes(data) if head is not None else data)  # type: ignore[misc]
-
-    def release_head(self) -> None:
-        self.hold_head = False
-        head, self._head = self._head, None
-        if head is not None:
-            super().send(head)  # type: ignore[misc]
 
 
 class _OneSendHTTPConnection(_OneSend, http.client.HTTPConnection):
@@ -264,9 +268,7 @@ class HttpTransport:
                     self._connection = self._connect(connect)
                 connection = self._connection
                 _set_timeout(connection.sock, read)
-                connection.hold_head = True
                 connection.request("POST", self._target, body=body, headers=self.headers)
-                connection.release_head()
                 return Pending(self, connection, read)
             except (OSError, http.client.HTTPException) as exc:
                 self.disconnect()

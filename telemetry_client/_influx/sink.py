@@ -73,6 +73,11 @@ def _refused_indexes(items: Sequence[Item], refusal: Refusal) -> set[int] | None
     return refused or None
 
 
+def _series_key(measurement: str, tags: Mapping | None) -> Any:
+    """The key of a series' escaped prefix in the sink's cache (`encode_many` builds it inline)."""
+    return (measurement, tuple(tags.items())) if tags else measurement
+
+
 class InfluxSink:
     """Encodes records into line protocol for one logger's identity and endpoint."""
 
@@ -105,7 +110,7 @@ class InfluxSink:
         """Build and cache the escaped `measurement,tags` prefix; "" when the point is invalid."""
         series = self._build_series(measurement, tags or {}) or ""
         if len(self._series) < 10_000:
-            self._series[(measurement, tuple(tags.items())) if tags else measurement] = series
+            self._series[_series_key(measurement, tags)] = series
         return series
 
     def _build_series(self, measurement: str, tags: Mapping[Any, Any]) -> str | None:
@@ -185,7 +190,7 @@ class InfluxSink:
             if with_system or with_gpu or type(ts) is not int or not MIN_TIME_NS <= ts <= MAX_TIME_NS:
                 return items, index
             try:
-                series = series_of((measurement, tuple(tags.items())) if tags else measurement)
+                series = series_of((measurement, tuple(tags.items())) if tags else measurement)  # _series_key, inline
                 text = plain(fields) if series else None
                 if not text:
                     return items, index
@@ -204,7 +209,7 @@ class InfluxSink:
         emit: Callable[[Item], None],
         drop: Callable[[str, int], None],
     ) -> None:
-        series = self._series.get((measurement, tuple(tags.items())) if tags else measurement)
+        series = self._series.get(_series_key(measurement, tags))
         if series is None:
             series = self._series_for(measurement, tags)
         if not series:
