@@ -171,25 +171,35 @@ def _safe_members(tar: tarfile.TarFile, destination: Path) -> list[tarfile.TarIn
     return members
 
 
+def empty_directory(directory: Path) -> None:
+    """Remove everything in directory (not the directory itself; a symbolic link is removed, not followed)."""
+    for entry in directory.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+def chown_tree(directory: Path, owner: tuple[int, int]) -> None:
+    """Give directory and everything in it to owner (uid, gid); symbolic links themselves, not their targets."""
+    for root, dirs, files in os.walk(directory):
+        for name in dirs + files:
+            os.lchown(Path(root) / name, *owner)
+    os.chown(directory, *owner)
+
+
 def restore_snapshot(archive: Path, directory: Path, owner: tuple[int, int] | None = None) -> int:
     """Replace the contents of directory (its server is stopped) with an archive."""
     directory.mkdir(parents=True, exist_ok=True)
     with tarfile.open(archive, "r:gz") as tar:
         members = _safe_members(tar, directory)
-        for entry in directory.iterdir():
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry)
-            else:
-                entry.unlink()
+        empty_directory(directory)
         if hasattr(tarfile, "data_filter"):
             tar.extractall(directory, members=members, filter="data")
         else:  # Python without extraction filters: members were checked above.
             tar.extractall(directory, members=members)
     if owner is not None:
-        for root, dirs, files in os.walk(directory):
-            for name in dirs + files:
-                os.lchown(Path(root) / name, *owner)
-        os.chown(directory, *owner)
+        chown_tree(directory, owner)
     return len(members)
 
 

@@ -11,14 +11,9 @@ import os
 import shutil
 from pathlib import Path
 
-from .stores import copy_tree, same_owner
+import telemetry_backup
 
-
-def _chown_tree(root: Path, owner: tuple[int, int]) -> None:
-    os.chown(root, *owner)
-    for base, dirs, files in os.walk(root):
-        for name in dirs + files:
-            os.lchown(Path(base) / name, *owner)
+from .stores import copy_tree, make_parents_like, same_owner
 
 
 def replace_directory(source: Path, target: Path, owner: tuple[int, int] | None = None) -> int:
@@ -26,14 +21,10 @@ def replace_directory(source: Path, target: Path, owner: tuple[int, int] | None 
     if not source.is_dir() or not any(source.iterdir()):
         raise ValueError(f"{source} is empty: refusing to replace {target} with nothing")
     target.mkdir(parents=True, exist_ok=True)
-    for entry in target.iterdir():
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
+    telemetry_backup.empty_directory(target)
     count = copy_tree(source, target)
     if owner is not None:
-        _chown_tree(target, owner)
+        telemetry_backup.chown_tree(target, owner)
     return count
 
 
@@ -52,11 +43,7 @@ def fill_missing(source: Path, root: Path = Path("/")) -> list[Path]:
             destination = root / relative
             if destination.exists():
                 continue
-            for parent in reversed(relative.parents[:-1]):
-                if not (root / parent).exists():
-                    (root / parent).mkdir()
-                    shutil.copystat(source / parent, root / parent)
-                    same_owner(source / parent, root / parent)
+            make_parents_like(relative, source, root)
             shutil.copy2(path, destination)
             same_owner(path, destination)
             restored.append(destination)

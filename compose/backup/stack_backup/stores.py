@@ -165,18 +165,25 @@ def _stage_files(store: Store, target: Path) -> None:
     for path in store.paths("paths"):
         if not path.exists():
             raise StageError(f"{store.name}: {path} does not exist")
-        destination = target / path.relative_to(path.anchor)
-        for ancestor in reversed(path.parents[:-1]):  # the directories above it, as they are on the host
-            staged = target / ancestor.relative_to(path.anchor)
-            if not staged.exists():
-                staged.mkdir()
-                shutil.copystat(ancestor, staged)
-                same_owner(ancestor, staged)
+        relative = path.relative_to(path.anchor)
+        destination = target / relative
+        make_parents_like(relative, Path(path.anchor), target)  # the directories above it, as on the host
         if path.is_dir():
             copy_tree(path, destination)
         else:
             shutil.copy2(path, destination)
             same_owner(path, destination)
+
+
+def make_parents_like(relative: Path, source_root: Path, target_root: Path) -> None:
+    """Make the directories above `relative` missing under target_root, each with the mode and owner of the
+    same directory under source_root."""
+    for parent in reversed(relative.parents[:-1]):
+        made = target_root / parent
+        if not made.exists():
+            made.mkdir()
+            shutil.copystat(source_root / parent, made)
+            same_owner(source_root / parent, made)
 
 
 STAGERS = {
