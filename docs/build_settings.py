@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import telemetry_client
+from grafana.builder.generated import write_generated
 from telemetry_client import config
 
 # The one private module read here (Loki's limits have no public path): a move changes this line only.
@@ -446,15 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 when the file is out of date")
     parser.add_argument("--out", type=Path, default=OUT, help=f"the file to write (default {OUT.relative_to(ROOT)})")
     args = parser.parse_args(argv)
-    text = render()
-    if args.check:
-        current = args.out.read_text(encoding="utf-8") if args.out.exists() else ""
-        if current != text:
-            print(f"{args.out} is stale: run {COMMAND}", file=sys.stderr)
-            return 1
-        return 0
-    args.out.write_text(text, encoding="utf-8")
-    return 0
+    return write_generated({args.out: render()}, args.check, COMMAND)
 
 
 if __name__ == "__main__":

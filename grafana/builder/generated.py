@@ -1,4 +1,4 @@
-"""Generated files written, or checked, the one way both builders do it."""
+"""Generated files written, or checked, the one way every builder (dashboards, alerting, docs/settings.md) does it."""
 
 from __future__ import annotations
 
