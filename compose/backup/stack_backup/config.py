@@ -101,10 +101,8 @@ def shown_repository(repository: str) -> str:
     return re.sub(r"(://[^/@:]*:)[^/]*@", r"\1***@", repository)  # up to the last @ before the path
 
 
-def _optional_path(data: dict[str, Any], key: str) -> Path | None:
-    value = data.get(key) or ""
-    if not isinstance(value, str):
-        raise ConfigError(f"{key} must be a path")
+def _optional_path(data: dict[str, Any], key: str, where: str = "") -> Path | None:
+    value = _optional_text(data, key, "", where)
     return Path(value) if value else None
 
 
@@ -163,8 +161,8 @@ def parse(data: Any) -> Config:
         raise ConfigError(f"report.timeout_seconds must be more than 0, not {timeout!r}")
     report = Report(
         url=url,
-        token_file=_optional_path(report_data, "token_file"),
-        ca_file=_optional_path(report_data, "ca_file"),
+        token_file=_optional_path(report_data, "token_file", "report."),
+        ca_file=_optional_path(report_data, "ca_file", "report."),
         timeout_seconds=timeout,
     )
     options = data.get("restic_options", [])
