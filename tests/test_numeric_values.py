@@ -47,7 +47,7 @@ REAL_DTYPES = [
 
 def _encode(fields: dict) -> tuple[str, list[str]]:
     drops: list[str] = []
-    return FieldEncoder().encode(fields, lambda reason, n: drops.append(reason)), drops
+    return FieldEncoder().encode(fields, lambda reason, n: drops.append(reason)).decode(), drops
 
 
 @pytest.mark.parametrize("dtype", REAL_DTYPES, ids=str)

@@ -15,14 +15,15 @@ import socket
 import ssl
 import time
 import urllib.parse
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from isal import isal_zlib
+
 from telemetry_client._engine.settings import Timeouts
 
-GZIP_WBITS = 31  # zlib's window of 2**15 with a gzip header and trailer
+GZIP_WBITS = 31  # a window of 2**15 with a gzip header and trailer (zlib's convention, which isal_zlib keeps)
 
 
 class TransportError(Exception):
@@ -128,13 +129,14 @@ class _OneSendHTTPSConnection(_OneSend, http.client.HTTPSConnection):
 
 
 def gzip_body(body: bytes) -> bytes:
-    """`body` gzipped at level 1 (most of the gain for little CPU).
+    """`body` gzipped by ISA-L at its level 1 (most of the gain for little CPU).
 
-    One zlib call writes the gzip header, the data and its checksum (`wbits` 31),
-    with the interpreter lock released throughout; `gzip.compress` adds a pass for
-    the checksum and copies the result twice.
+    One call writes the gzip header, the data and its checksum (`wbits` 31), with
+    the interpreter lock released throughout. ISA-L's level 1 takes about a third
+    of zlib's level-1 time here and writes a few percent fewer bytes; any gzip
+    reader reads it (it is one ordinary gzip member).
     """
-    return zlib.compress(body, 1, wbits=GZIP_WBITS)
+    return isal_zlib.compress(body, 1, wbits=GZIP_WBITS)
 
 
 class Pending:

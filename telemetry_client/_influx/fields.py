@@ -23,7 +23,9 @@ import math
 import numbers
 import operator
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+
+import orjson
 
 from telemetry_client._engine.self_log import warn
 from telemetry_client._influx.line_protocol import escape_key, format_field, valid_key
@@ -129,10 +131,14 @@ class FieldEncoder:
     """Encodes a field dict straight to line protocol, with the typing rule above.
 
     The validated, escaped and sorted key order is cached per key set. When every
-    value is a finite float (or an int below 1e16, whose text is the same), the
-    whole field set is formatted by one `%` operation: the common training step
-    costs a few microseconds on the sender thread. Other values take the general
-    path, field by field. Output is identical either way.
+    value is a finite float (or an int up to 2**53, whose text is the same), the
+    whole field set is written by orjson in one call, in C (its JSON object, with
+    the braces and quotes taken out and `:` made `=`): the common training step
+    costs about a microsecond on the sender thread. orjson writes a float's
+    shortest round-trip form as `repr` does, except between 1e-10 and 1e-4
+    (`0.00001`, `1e-6` where `repr` writes `1e-05`, `1e-06`): a field set holding
+    such a value is written by one `%` operation over `repr` instead. Other values
+    take the general path, field by field. Output is identical either way.
     """
 
     MAX_PLANS = 4096
@@ -147,7 +153,7 @@ class FieldEncoder:
             self._plans[keys] = plan
         return plan
 
-    def plain(self, fields: Mapping[object, object]) -> str | None:
+    def plain(self, fields: Mapping[object, object]) -> bytes | None:
         """The fast path: the text of a field set whose values are all finite floats (or small ints), else None.
 
         Nothing is dropped or counted here: None sends the fields to `encode`.
@@ -156,16 +162,25 @@ class FieldEncoder:
         plan = self._plans.get(keys) or self._plan(keys)
         if plan.template is None:
             return None
-        values = plan.values_of(fields)
+        values = fields.values()
         types = set(map(type, values))
         if types == _FLOAT or (types <= _NUMBER and _small_ints(values)):
             total = sum(values)
             if total - total == 0.0:  # every value finite
-                return (plan.template % values).replace(".0,", ",")[:-1]
+                if plan.dumps_option is not None:
+                    text = orjson.dumps(fields, option=plan.dumps_option)
+                    if text.count(b"e-") + text.count(b"0.0000") == plan.markers:  # else not `repr`'s form
+                        text = text.translate(None, b'{}"').replace(b":", b"=").replace(b".0,", b",")
+                        return text[:-2] if text.endswith(b".0") else text
+                text = (plan.template % plan.values_of(fields)).replace(".0,", ",")[:-1]
+                return text.encode()
         return None
 
-    def encode(self, fields: Mapping[object, object], drop: Drop) -> str:
-        """`key=value,...` sorted by key; empty when no field survives (the caller counts that)."""
+    def encode(self, fields: Mapping[object, object], drop: Drop) -> bytes:
+        """`key=value,...` sorted by key; empty when no field survives (the caller counts that).
+
+        Raises UnicodeEncodeError for text that is not valid Unicode (a lone surrogate).
+        """
         text = self.plain(fields)
         if text is not None:
             return text
@@ -179,21 +194,42 @@ class FieldEncoder:
                 continue
             for name, clean in sorted(normalize_fields({key: fields[key]}, drop, self.max_string_bytes).items()):
                 parts.append(f"{escape_key(name)}={format_field(clean)}")
-        return ",".join(parts)
+        return ",".join(parts).encode()
 
 
 _FLOAT = {float}
 _NUMBER = {float, int}
+# Up to this magnitude an int is a float exactly, and its text is that float's `repr` without ".0".
+_EXACT_INT = 2**53
+# What a key orjson writes into line protocol as it is may not hold: what line protocol escapes
+# (`escape_key`), what JSON escapes (quotes, backslashes, control characters) and what `plain`
+# takes out or replaces (braces, colons).
+_NOT_AS_IS = frozenset(',= "\\{}:') | frozenset(map(chr, range(32)))
 
 
-def _small_ints(values: tuple) -> bool:
-    return all(-1e16 < value < 1e16 for value in values if type(value) is int)
+def _encodable(text: str) -> bool:
+    """False for text holding a lone surrogate, which orjson refuses (the general path counts it)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _small_ints(values: Iterable[object]) -> bool:
+    return all(-_EXACT_INT <= value <= _EXACT_INT for value in values if type(value) is int)  # type: ignore[operator]
 
 
 class _Plan:
-    """The sorted, escaped field keys of one key set, and a `%` template when all keys are valid."""
+    """The sorted, escaped field keys of one key set, a `%` template when all keys are valid, and orjson's option.
 
-    __slots__ = ("entries", "keys", "template", "values_of")
+    `dumps_option` is None when some key is not written by orjson as line protocol
+    needs it; else the option that sorts the keys, or 0 when they come sorted.
+    `markers`: how often the keys hold the text that marks a float orjson writes
+    unlike `repr` (see `FieldEncoder`); more of it in orjson's output means a value has it.
+    """
+
+    __slots__ = ("dumps_option", "entries", "keys", "markers", "template", "values_of")
 
     def __init__(self, keys: tuple) -> None:
         self.entries = sorted(
@@ -205,3 +241,6 @@ class _Plan:
         self.values_of = getter if len(self.keys) != 1 else (lambda fields: (getter(fields),))
         valid = all(prefix is not None for _, prefix in self.entries)
         self.template = "".join(f"{prefix.replace('%', '%%')}%r," for _, prefix in self.entries) if valid else None
+        as_is = valid and keys and not any(_NOT_AS_IS.intersection(key) or not _encodable(key) for key in keys)
+        self.dumps_option = (0 if self.keys == keys else orjson.OPT_SORT_KEYS) if as_is else None
+        self.markers = sum(key.count("e-") + key.count("0.0000") for key in keys) if as_is else 0

@@ -98,7 +98,7 @@ class InfluxSink:
         self.self_metrics_interval = self_metrics_interval
         self.watched: list[Channel] = []
         self.submit: Callable[[Record], None] = lambda record: None
-        self._series: dict[Any, str] = {}
+        self._series: dict[Any, bytes] = {}
         self._system: SystemSampler | None = None
         self._gpu: GpuSampler | None = None
         self._last_self_metrics = time.monotonic()
@@ -106,9 +106,14 @@ class InfluxSink:
 
     # -- encoding (sender thread) --
 
-    def _series_for(self, measurement: str, tags: dict | None) -> str:
-        """Build and cache the escaped `measurement,tags` prefix; "" when the point is invalid."""
-        series = self._build_series(measurement, tags or {}) or ""
+    def _series_for(self, measurement: str, tags: dict | None) -> bytes:
+        """Build and cache the escaped `measurement,tags` prefix; empty when the point is invalid."""
+        text = self._build_series(measurement, tags or {}) or ""
+        try:
+            series = text.encode()
+        except UnicodeEncodeError:
+            series = b""
+            warn.warning("unicode", "dropped a point holding text that is not valid Unicode")
         if len(self._series) < 10_000:
             self._series[_series_key(measurement, tags)] = series
         return series
@@ -194,7 +199,7 @@ class InfluxSink:
                 text = plain(fields) if series else None
                 if not text:
                     return items, index
-                line = f"{series} {text} {ts}\n".encode()
+                line = b"%s %s %d\n" % (series, text, ts)
             except Exception:  # unhashable tags, text that is not valid Unicode: `encode` says what
                 return items, index
             append((line, len(line), measurement))
@@ -215,16 +220,16 @@ class InfluxSink:
         if not series:
             drop("invalid", 1)
             return
-        encoded_fields = self.fields.encode(fields, drop)
-        if not encoded_fields:
-            drop("no_fields", 1)
-            return
         try:
-            line = f"{series} {encoded_fields} {ts}\n".encode()
+            encoded_fields = self.fields.encode(fields, drop)
         except UnicodeEncodeError:
             drop("invalid", 1)
             warn.warning("unicode", "dropped a point holding text that is not valid Unicode")
             return
+        if not encoded_fields:
+            drop("no_fields", 1)
+            return
+        line = b"%s %s %d\n" % (series, encoded_fields, ts)
         emit((line, len(line), measurement))
 
     def build_body(self, items: Sequence[Item]) -> bytes:
