@@ -23,7 +23,8 @@ import math
 import numbers
 import operator
 import statistics
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import chain
 
 import orjson
 
@@ -146,6 +147,7 @@ class FieldEncoder:
     def __init__(self, max_string_bytes: int = DEFAULT_MAX_STRING_BYTES) -> None:
         self.max_string_bytes = max_string_bytes
         self._plans: dict[tuple, _Plan] = {}
+        self._unmarked_keys: set[str] = set()  # keys `plain_many` writes as they are
 
     def _plan(self, keys: tuple) -> _Plan:
         plan = _Plan(keys)
@@ -170,11 +172,47 @@ class FieldEncoder:
                 if plan.dumps_option is not None:
                     text = orjson.dumps(fields, option=plan.dumps_option)
                     if text.count(b"e-") + text.count(b"0.0000") == plan.markers:  # else not `repr`'s form
-                        text = text.translate(None, b'{}"').replace(b":", b"=").replace(b".0,", b",")
-                        return text[:-2] if text.endswith(b".0") else text
+                        return text.translate(_JSON_TO_FIELDS, b'"').replace(b".0,", b",")[1:-1]  # as `plain_many`
                 text = (plan.template % plan.values_of(fields)).replace(".0,", ",")[:-1]
                 return text.encode()
         return None
+
+    def plain_many(self, field_sets: Sequence[dict]) -> list[bytes] | None:
+        """`plain` for many field dicts in a few calls, or None unless every one is plain and non-empty.
+
+        One orjson call writes them all, and one type check, one finiteness check and
+        one set of replacements cover them: for the common chunk of training steps this
+        costs a fraction of `plain` per dict. Keys must all be ones orjson writes as they
+        are and hold none of `repr`'s markers (checked once per key).
+        """
+        values = list(chain.from_iterable(map(dict.values, field_sets)))
+        types = set(map(type, values))
+        exact = types <= _NUMBER and values and min(values) >= -_EXACT_INT and max(values) <= _EXACT_INT
+        if types != _FLOAT and not exact:
+            return None  # not numbers alone (a bool is not an int here), or ints beside a value too large to tell
+        total = sum(values)
+        if total - total != 0.0 or not all(field_sets):  # a value not finite, or a dict with no fields
+            return None
+        keys = set(chain.from_iterable(field_sets))
+        if not keys <= self._unmarked_keys and not self._approve(keys):
+            return None
+        text = orjson.dumps(field_sets, option=orjson.OPT_SORT_KEYS)
+        if b"e-" in text or b"0.0000" in text:  # a float orjson writes unlike `repr` (see the class)
+            return None
+        # `[{"a":1.0,"b":2.5},{...}]` -> `[,a=1.0,b=2.5,,,...,]` -> `[,a=1,b=2.5,,,...,]` -> [`a=1,b=2.5`, ...]
+        text = text.translate(_JSON_TO_FIELDS, b'"').replace(b".0,", b",")
+        texts = text[2:-2].split(b",,,")
+        return texts if len(texts) == len(field_sets) else None
+
+    def _approve(self, keys: set) -> bool:
+        """Remember the keys `plain_many` may write as they are; False when one of `keys` is not such a key."""
+        if not all(type(key) is str and _Plan((key,)).dumps_option is not None for key in keys):
+            return False
+        if any("e-" in key or "0.0000" in key for key in keys):
+            return False
+        if len(self._unmarked_keys) < self.MAX_PLANS:
+            self._unmarked_keys.update(keys)
+        return True
 
     def encode(self, fields: Mapping[object, object], drop: Drop) -> bytes:
         """`key=value,...` sorted by key; empty when no field survives (the caller counts that).
@@ -199,6 +237,8 @@ class FieldEncoder:
 
 _FLOAT = {float}
 _NUMBER = {float, int}
+# orjson's JSON of field dicts made line protocol (`plain_many`): `:` is `=`, braces become commas.
+_JSON_TO_FIELDS = bytes.maketrans(b":{}", b"=,,")
 # Up to this magnitude an int is a float exactly, and its text is that float's `repr` without ".0".
 _EXACT_INT = 2**53
 # What a key orjson writes into line protocol as it is may not hold: what line protocol escapes
