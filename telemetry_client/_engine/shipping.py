@@ -144,6 +144,8 @@ class Sink(Protocol):
         """Called on the sender thread at every wake-up; for periodic work such as self-metrics."""
 
     # Optional: `extra_stats() -> dict[str, int]`, counters of the sink merged into `Channel.stats()`.
+    # Optional: `unpack_many(records) -> records`, the records as submitted made the form `encode`
+    # takes, one for one, in order (called once per record, before `encode_many` and `encode`).
     # Optional: `encode_many(records, start) -> (items, index)`, the items of `records[start:]`
     # up to the first record that needs `encode` (and its index): one item per record, the
     # same items `encode` would emit, without counting anything. A fast path for the
@@ -232,6 +234,7 @@ class Channel:
         self._engine = get_engine()
         self._items_in_body = getattr(sink, "items_in_body", None)
         self._encode_many = getattr(sink, "encode_many", None)
+        self._unpack_many = getattr(sink, "unpack_many", None)
         self._batch_per_key = bool(getattr(sink, "batch_per_key", False))
         self._reset_state()
         self._engine.register(self)
@@ -464,6 +467,13 @@ class Channel:
         self.drained += len(chunk)
         for position in range(-(before + 1) % (RECORD_SAMPLE_MASK + 1), len(chunk), RECORD_SAMPLE_MASK + 1):
             self._sample_record(chunk[position])
+        if self._unpack_many is not None:
+            try:
+                chunk = self._unpack_many(chunk)
+            except Exception:  # the sink's bug: its records cannot be encoded
+                self._encode_drops("encode_error", len(chunk))
+                warn.warning(f"{self.sink.name}:unpack", "%s: unpack_many failed", self.sink.name, exc_info=True)
+                return
         encode_many = self._encode_many
         position = 0
         while position < len(chunk):

@@ -187,8 +187,9 @@ class FieldEncoder:
         """
         values = list(chain.from_iterable(map(dict.values, field_sets)))
         types = set(map(type, values))
-        exact = types <= _NUMBER and values and min(values) >= -_EXACT_INT and max(values) <= _EXACT_INT
-        if types != _FLOAT and not exact:
+        if types != _FLOAT and not (
+            types <= _NUMBER and values and min(values) >= -_EXACT_INT and max(values) <= _EXACT_INT
+        ):
             return None  # not numbers alone (a bool is not an int here), or ints beside a value too large to tell
         total = sum(values)
         if total - total != 0.0 or not all(field_sets):  # a value not finite, or a dict with no fields

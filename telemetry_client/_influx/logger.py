@@ -21,6 +21,7 @@ from telemetry_client._engine.transport import Destination, HttpTransport, Trans
 from telemetry_client._influx import line_protocol as lp
 from telemetry_client._influx.connection import Connection
 from telemetry_client._influx.fields import DEFAULT_MAX_STRING_BYTES, list_stats
+from telemetry_client._influx.records import GPU, MEASUREMENT, SAMPLED, SYSTEM, TAGS, TIME
 from telemetry_client._influx.sink import InfluxSink
 from telemetry_client.config import InfluxDBConfig, influxdb_config
 from telemetry_client.errors import ConfigurationError
@@ -260,6 +261,8 @@ class MetricsLogger:
             transport, self.standard_tags, max_string_bytes, system_metrics_interval, self_metrics_interval
         )
         self._channel = Channel(self._sink, buffer)
+        self._tag_sets = self._sink.tag_sets
+        self._tag_numbers = self._tag_sets.numbers
         self._sink.submit = self._channel.submit
         self._sink.watched.append(self._channel)
 
@@ -294,16 +297,18 @@ class MetricsLogger:
             if sample_rate < 1.0 and random.random() >= sample_rate:
                 channel.count_sampled_out()
                 return
-            channel.submit(
-                (
-                    self._name(measurement),
-                    dict(tags) if tags else None,
-                    dict(fields) if fields else {},
-                    ts,
-                    with_system_metrics,
-                    with_gpu_metrics,
-                )
-            )
+            record = dict(fields) if fields else {}  # one dict the collector does not track (see `records`)
+            record[MEASUREMENT] = self._name(measurement)
+            record[TIME] = ts
+            if tags:
+                try:
+                    number = self._tag_numbers.get(tuple(tags.items()))
+                except TypeError:  # unhashable values: `ref` keeps a copy
+                    number = None
+                record[TAGS] = self._tag_sets.ref(tags) if number is None else number
+            if with_system_metrics or with_gpu_metrics:
+                record[SAMPLED] = (SYSTEM if with_system_metrics else 0) | (GPU if with_gpu_metrics else 0)
+            channel.submit(record)
         except Exception:
             warn.warning("log", "MetricsLogger.log() could not queue a point", exc_info=True)
 

@@ -18,6 +18,7 @@ from telemetry_client._engine.transport import Response, Transport
 from telemetry_client._influx import line_protocol as lp
 from telemetry_client._influx.fields import DEFAULT_MAX_STRING_BYTES, FieldEncoder
 from telemetry_client._influx.gpu_metrics import GpuSampler
+from telemetry_client._influx.records import Record, TagSets, unpack_many
 from telemetry_client._influx.rejections import Refusal, read_refusal
 from telemetry_client._influx.system_metrics import SystemSampler
 from telemetry_client.catalog import DELTA_SUFFIX, DROP_REASONS, LOKI_ONLY_COUNTERS, SELF_COUNTERS, SPARSE_DELTAS
@@ -28,9 +29,6 @@ SELF_METRICS_MEASUREMENT = "telemetry_client"
 MIN_TIME_NS = -(2**63) + 2
 MAX_TIME_NS = 2**63 - 2
 _INT = {int}
-
-# (measurement, caller tags or None, fields, timestamp, with_system_metrics, with_gpu_metrics)
-Record = tuple[str, dict | None, dict, Any, bool, bool]
 
 
 def _timestamp_ns(timestamp: Any) -> int:
@@ -99,6 +97,7 @@ class InfluxSink:
         self.self_metrics_interval = self_metrics_interval
         self.watched: list[Channel] = []
         self.submit: Callable[[Record], None] = lambda record: None
+        self.tag_sets = TagSets()  # the numbers `MetricsLogger.log` gives its records' tags (see `records`)
         self._series: dict[Any, bytes] = {}
         self._system: SystemSampler | None = None
         self._gpu: GpuSampler | None = None
@@ -142,6 +141,10 @@ class InfluxSink:
                 )
             merged[key] = value
         return lp.series_key(measurement, merged)
+
+    def unpack_many(self, records: list[Any]) -> list[Record]:
+        """The records `MetricsLogger.log` queued as the tuples `encode` takes (see `records`)."""
+        return unpack_many(records, self.tag_sets)
 
     def encode(self, record: Record, emit: Callable[[Item], None], drop: Callable[[str, int], None]) -> None:
         measurement, tags, fields, timestamp, with_system, with_gpu = record

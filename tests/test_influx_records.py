@@ -1,0 +1,113 @@
+"""The record `MetricsLogger.log` queues: one dict the garbage collector does not track, unpacked by the sender."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+from telemetry_client._influx import records
+from telemetry_client._influx.records import TagSets, unpack_many
+from telemetry_client._influx.sink import InfluxSink
+from telemetry_client.metrics import MetricsLogger
+from telemetry_client.testing import InMemoryDestination
+
+
+def _queued(calls) -> tuple[list, InfluxSink]:
+    """What `log()` hands its channel for each call in `calls` (kwargs of `log`), in order."""
+    logger = MetricsLogger(uid=3, role="miner", destination=InMemoryDestination(), self_metrics_interval=None)
+    queued: list = []
+    logger._channel.submit = queued.append  # type: ignore[method-assign, union-attr]
+    try:
+        for call in calls:
+            logger.log(**call)
+    finally:
+        logger.close(1)
+    return queued, logger._sink
+
+
+def test_a_point_of_numbers_and_strings_is_queued_as_a_record_the_collector_does_not_track():
+    """A tracked record is walked by every full collection while it waits; a flood holds hundreds of thousands."""
+    queued, _ = _queued(
+        [
+            {"measurement": "loss", "fields": {"a": 0.5, "b": 2, "text": "x"}, "timestamp": 10},
+            {"measurement": "loss", "tags": {"node": "a", "gpu": 0}, "fields": {"a": 0.5}},
+            {"measurement": "loss", "fields": {"a": 0.5}, "with_system_metrics": True, "with_gpu_metrics": True},
+            {"measurement": "empty"},
+        ]
+    )
+    assert [gc.is_tracked(record) for record in queued] == [False] * 4
+
+
+def test_the_sender_unpacks_records_into_what_was_logged():
+    queued, sink = _queued(
+        [
+            {"measurement": "loss", "fields": {"a": 0.5}, "timestamp": 10},
+            {"measurement": "loss", "tags": {"node": "a"}, "fields": {"a": 1.5}, "timestamp": 11},
+            {"measurement": "loss", "tags": {"node": "a"}, "fields": {"b": 1}, "timestamp": 12.5},
+            {"measurement": "step", "tags": {"node": "b"}, "timestamp": 13, "with_gpu_metrics": True},
+            {"measurement": "step", "fields": {"c": 2.0}, "timestamp": 14, "with_system_metrics": True},
+        ]
+    )
+    expected = [
+        ("loss", None, {"a": 0.5}, 10, False, False),
+        ("loss", {"node": "a"}, {"a": 1.5}, 11, False, False),
+        ("loss", {"node": "a"}, {"b": 1}, 12.5, False, False),
+        ("step", {"node": "b"}, {}, 13, False, True),
+        ("step", None, {"c": 2.0}, 14, True, False),
+    ]
+    unpacked = sink.unpack_many(queued)
+    assert unpacked == expected
+    assert unpacked[1][1] is unpacked[2][1]  # the same tags are one number, which stands for one dict
+
+
+def test_a_chunk_that_mixes_records_and_tuples_is_unpacked_one_by_one():
+    """The logger's own self-metrics are queued as tuples; unhashable tags are kept as a copy (a tracked record)."""
+    queued, sink = _queued(
+        [
+            {"measurement": "loss", "fields": {"a": 0.5}, "timestamp": 10},
+            {"measurement": "loss", "tags": {"node": ["un", "hashable"]}, "fields": {"a": 1.0}, "timestamp": 11},
+        ]
+    )
+    own = ("telemetry_client", {"sink": "influxdb"}, {"queued": 1.0}, 12, False, False)
+    assert sink.unpack_many([queued[0], own, queued[1]]) == [
+        ("loss", None, {"a": 0.5}, 10, False, False),
+        own,
+        ("loss", {"node": ["un", "hashable"]}, {"a": 1.0}, 11, False, False),
+    ]
+
+
+def test_records_of_dicts_alone_with_a_copy_of_tags_are_unpacked_too():
+    tag_sets = TagSets()
+    unhashable = {"a": 1.0, records.MEASUREMENT: "m", records.TIME: 1, records.TAGS: tag_sets.ref({"k": []})}
+    numbered = {"a": 2.0, records.MEASUREMENT: "m", records.TIME: 2, records.TAGS: tag_sets.ref({"k": "v"})}
+    assert unpack_many([unhashable, numbered], tag_sets) == [
+        ("m", {"k": []}, {"a": 1.0}, 1, False, False),
+        ("m", {"k": "v"}, {"a": 2.0}, 2, False, False),
+    ]
+
+
+def test_tag_sets_stop_numbering_at_their_limit_and_keep_copies():
+    tag_sets = TagSets()
+    tag_sets.LIMIT = 2
+    assert [tag_sets.ref({"n": i}) for i in (0, 1, 0)] == [0, 1, 0]
+    beyond = tag_sets.ref({"n": 2})
+    assert beyond == {"n": 2} and tag_sets.tags(beyond) == {"n": 2}
+
+
+def test_threads_racing_for_a_new_set_of_tags_get_one_number_that_stands_for_it():
+    tag_sets = TagSets()
+    start = threading.Barrier(8)
+    got: list[list] = [[] for _ in range(8)]
+
+    def register(numbers: list) -> None:
+        start.wait()
+        numbers.extend(tag_sets.ref({"node": str(i)}) for i in range(200))
+
+    threads = [threading.Thread(target=register, args=(numbers,)) for numbers in got]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    by_set = {i: {numbers[i] for numbers in got} for i in range(200)}
+    assert all(len(found) == 1 for found in by_set.values())
+    assert all(tag_sets.tags(found.pop()) == {"node": str(i)} for i, found in by_set.items())
