@@ -261,8 +261,9 @@ def test_the_fast_path_takes_every_common_point_in_whole_chunks():
     [
         ([{"a": 1.0, "b": 2}, {"a": 0.5, "b": -0.0}], [b"a=1,b=2", b"a=0.5,b=-0"]),
         ([{"b": 1e16, "a": 1e-4}], [b"a=0.0001,b=1e+16"]),  # sorted; repr's forms
-        ([{"a": 1.0}, {"a": 1e-5}], None),  # orjson writes 0.00001 where repr writes 1e-05
-        ([{"a": 1.0}, {"a": 2.5e-7}], None),  # 2.5e-7 where repr writes 2.5e-07
+        # orjson writes 0.00001, -1.5e-7 where repr writes 1e-05, -1.5e-07: rewritten
+        ([{"a": 1e-5, "b": -0.000015}, {"a": -1.5e-7, "b": 9e-9}], [b"a=1e-05,b=-1.5e-05", b"a=-1.5e-07,b=9e-09"]),
+        ([{"a": 1e-10, "b": 1e-4, "c": -2e-300}], [b"a=1e-10,b=0.0001,c=-2e-300"]),  # the same in both
         ([{"a": 1.0}, {"a": True}], None),  # a bool is a field of its own type
         ([{"a": 1.0}, {"a": 2**53 + 1}], None),  # an int a float cannot hold: its text is not the float's
         ([{"a": 1.0}, {}], None),  # no fields: `encode` counts it

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import re
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import chain
@@ -137,9 +138,10 @@ class FieldEncoder:
     the braces and quotes taken out and `:` made `=`): the common training step
     costs about a microsecond on the sender thread. orjson writes a float's
     shortest round-trip form as `repr` does, except between 1e-10 and 1e-4
-    (`0.00001`, `1e-6` where `repr` writes `1e-05`, `1e-06`): a field set holding
-    such a value is written by one `%` operation over `repr` instead. Other values
-    take the general path, field by field. Output is identical either way.
+    (`0.00001`, `1e-6` where `repr` writes `1e-05`, `1e-06`), which `_as_repr`
+    rewrites. Keys that orjson would not write as line protocol needs take one `%`
+    operation over `repr`; other values the general path, field by field. Output
+    is identical either way.
     """
 
     MAX_PLANS = 4096
@@ -147,7 +149,7 @@ class FieldEncoder:
     def __init__(self, max_string_bytes: int = DEFAULT_MAX_STRING_BYTES) -> None:
         self.max_string_bytes = max_string_bytes
         self._plans: dict[tuple, _Plan] = {}
-        self._unmarked_keys: set[str] = set()  # keys `plain_many` writes as they are
+        self._as_is_keys: set[str] = set()  # keys `plain_many` writes as they are
 
     def _plan(self, keys: tuple) -> _Plan:
         plan = _Plan(keys)
@@ -170,9 +172,7 @@ class FieldEncoder:
             total = sum(values)
             if total - total == 0.0:  # every value finite
                 if plan.dumps_option is not None:
-                    text = orjson.dumps(fields, option=plan.dumps_option)
-                    if text.count(b"e-") + text.count(b"0.0000") == plan.markers:  # else not `repr`'s form
-                        return text.translate(_JSON_TO_FIELDS, b'"').replace(b".0,", b",")[1:-1]  # as `plain_many`
+                    return _line_protocol_fields(orjson.dumps(fields, option=plan.dumps_option))[1:-1]
                 text = (plan.template % plan.values_of(fields)).replace(".0,", ",")[:-1]
                 return text.encode()
         return None
@@ -183,7 +183,7 @@ class FieldEncoder:
         One orjson call writes them all, and one type check, one finiteness check and
         one set of replacements cover them: for the common chunk of training steps this
         costs a fraction of `plain` per dict. Keys must all be ones orjson writes as they
-        are and hold none of `repr`'s markers (checked once per key).
+        are (checked once per key).
         """
         values = list(chain.from_iterable(map(dict.values, field_sets)))
         types = set(map(type, values))
@@ -194,25 +194,19 @@ class FieldEncoder:
         total = sum(values)
         if total - total != 0.0 or not all(field_sets):  # a value not finite, or a dict with no fields
             return None
-        keys = set(chain.from_iterable(field_sets))
-        if not keys <= self._unmarked_keys and not self._approve(keys):
+        keys = set().union(*field_sets)
+        if not keys <= self._as_is_keys and not self._approve(keys):
             return None
-        text = orjson.dumps(field_sets, option=orjson.OPT_SORT_KEYS)
-        if b"e-" in text or b"0.0000" in text:  # a float orjson writes unlike `repr` (see the class)
-            return None
-        # `[{"a":1.0,"b":2.5},{...}]` -> `[,a=1.0,b=2.5,,,...,]` -> `[,a=1,b=2.5,,,...,]` -> [`a=1,b=2.5`, ...]
-        text = text.translate(_JSON_TO_FIELDS, b'"').replace(b".0,", b",")
-        texts = text[2:-2].split(b",,,")
+        # `[{"a":1.0,"b":2.5},{...}]` -> `[,a=1,b=2.5,,,...,]` -> [`a=1,b=2.5`, ...]
+        texts = _line_protocol_fields(orjson.dumps(field_sets, option=orjson.OPT_SORT_KEYS))[2:-2].split(b",,,")
         return texts if len(texts) == len(field_sets) else None
 
     def _approve(self, keys: set) -> bool:
         """Remember the keys `plain_many` may write as they are; False when one of `keys` is not such a key."""
         if not all(type(key) is str and _Plan((key,)).dumps_option is not None for key in keys):
             return False
-        if any("e-" in key or "0.0000" in key for key in keys):
-            return False
-        if len(self._unmarked_keys) < self.MAX_PLANS:
-            self._unmarked_keys.update(keys)
+        if len(self._as_is_keys) < self.MAX_PLANS:
+            self._as_is_keys.update(keys)
         return True
 
     def encode(self, fields: Mapping[object, object], drop: Drop) -> bytes:
@@ -238,8 +232,31 @@ class FieldEncoder:
 
 _FLOAT = {float}
 _NUMBER = {float, int}
-# orjson's JSON of field dicts made line protocol (`plain_many`): `:` is `=`, braces become commas.
+# orjson's JSON of field dicts made line protocol (`_line_protocol_fields`): `:` is `=`, braces become commas.
 _JSON_TO_FIELDS = bytes.maketrans(b":{}", b"=,,")
+# The floats orjson writes unlike `repr` (its exponents from -5 to -9), as found in its JSON.
+_EXPONENT_5 = re.compile(rb":(-?)0\.0000([1-9])([0-9]*)")  # 0.000015 for 1.5e-05
+_EXPONENT_6_TO_9 = re.compile(rb"e-([6-9])(?=[,}])")  # 1.5e-6 for 1.5e-06
+
+
+def _line_protocol_fields(json: bytes) -> bytes:
+    """orjson's JSON of a field dict (or a list of them) with its floats in `repr`'s form, as line protocol.
+
+    `{"a":1.0,"b":2.5e-6}` -> `,a=1,b=2.5e-06,`: quotes out, `:` made `=`, braces made
+    commas, integral floats without `.0` (as `repr` without it: Point's form).
+    """
+    if b"0.0000" in json:
+        json = _EXPONENT_5.sub(_repr_exponent_5, json)
+    if b"-" in json and b"e-" in json:  # memchr first: most chunks hold no minus sign at all
+        json = _EXPONENT_6_TO_9.sub(rb"e-0\1", json)
+    return b",".join(json.translate(_JSON_TO_FIELDS, b'"').split(b".0,"))  # split and join: faster than replace
+
+
+def _repr_exponent_5(match: re.Match[bytes]) -> bytes:
+    sign, first, rest = match.groups()
+    return b":%s%s%s%se-05" % (sign, first, b"." if rest else b"", rest)
+
+
 # Up to this magnitude an int is a float exactly, and its text is that float's `repr` without ".0".
 _EXACT_INT = 2**53
 # What a key orjson writes into line protocol as it is may not hold: what line protocol escapes
@@ -266,11 +283,11 @@ class _Plan:
 
     `dumps_option` is None when some key is not written by orjson as line protocol
     needs it; else the option that sorts the keys, or 0 when they come sorted.
-    `markers`: how often the keys hold the text that marks a float orjson writes
-    unlike `repr` (see `FieldEncoder`); more of it in orjson's output means a value has it.
+    A key that holds the text of a float orjson writes unlike `repr` (`0.0000`, `e-`)
+    is not as is: `_line_protocol_fields` rewrites that text.
     """
 
-    __slots__ = ("dumps_option", "entries", "keys", "markers", "template", "values_of")
+    __slots__ = ("dumps_option", "entries", "keys", "template", "values_of")
 
     def __init__(self, keys: tuple) -> None:
         self.entries = sorted(
@@ -283,5 +300,5 @@ class _Plan:
         valid = all(prefix is not None for _, prefix in self.entries)
         self.template = "".join(f"{prefix.replace('%', '%%')}%r," for _, prefix in self.entries) if valid else None
         as_is = valid and keys and not any(_NOT_AS_IS.intersection(key) or not _encodable(key) for key in keys)
+        as_is = as_is and not any("0.0000" in key or "e-" in key for key in keys)
         self.dumps_option = (0 if self.keys == keys else orjson.OPT_SORT_KEYS) if as_is else None
-        self.markers = sum(key.count("e-") + key.count("0.0000") for key in keys) if as_is else 0
