@@ -56,8 +56,8 @@ def test_the_sender_unpacks_records_into_what_was_logged():
         ("step", None, {"c": 2.0}, 14, True, False),
     ]
     unpacked = sink.unpack_many(queued)
-    assert unpacked == expected
-    assert unpacked[1][1] is unpacked[2][1]  # the same tags are one number, which stands for one dict
+    assert [(m, sink.tag_sets.tags(tags), *rest) for m, tags, *rest in unpacked] == expected
+    assert [tags for _, tags, *_ in unpacked] == [None, 0, 0, 1, None]  # the same tags are one number
 
 
 def test_a_chunk_that_mixes_records_and_tuples_is_unpacked_one_by_one():
@@ -80,10 +80,11 @@ def test_records_of_dicts_alone_with_a_copy_of_tags_are_unpacked_too():
     tag_sets = TagSets()
     unhashable = {"a": 1.0, records.MEASUREMENT: "m", records.TIME: 1, records.TAGS: tag_sets.ref({"k": []})}
     numbered = {"a": 2.0, records.MEASUREMENT: "m", records.TIME: 2, records.TAGS: tag_sets.ref({"k": "v"})}
-    assert unpack_many([unhashable, numbered], tag_sets) == [
+    assert unpack_many([unhashable, numbered]) == [
         ("m", {"k": []}, {"a": 1.0}, 1, False, False),
-        ("m", {"k": "v"}, {"a": 2.0}, 2, False, False),
+        ("m", 0, {"a": 2.0}, 2, False, False),
     ]
+    assert tag_sets.tags(0) == {"k": "v"}
 
 
 def test_tag_sets_stop_numbering_at_their_limit_and_keep_copies():

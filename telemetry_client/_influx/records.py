@@ -12,7 +12,8 @@ caller, which runs the collections its allocations trigger. So the tags are a
 number too: `TagSets` gives each distinct set of tags one.
 
 The sender unpacks records into `Record` tuples (`unpack_many`) before it
-encodes them; a tuple record (the logger's own self-metrics) passes as it is.
+encodes them, the tags still a number; a tuple record (the logger's own
+self-metrics) passes as it is.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from collections.abc import Iterable, Mapping
 from itertools import repeat
 from typing import Any
 
-# What the sink encodes: (measurement, caller tags or None, fields, timestamp, with_system_metrics, with_gpu_metrics)
-Record = tuple[str, dict | None, dict, Any, bool, bool]
+# What the sink encodes: (measurement, tags, fields, timestamp, with_system_metrics, with_gpu_metrics). The tags
+# are the caller's (a copy), None, or the `TagSets` number that stands for them: the sink caches a series by it.
+Record = tuple[str, dict | int | None, dict, Any, bool, bool]
 
 MEASUREMENT = object()
 TIME = object()
@@ -74,21 +76,17 @@ class TagSets:
         return self.by_number[ref] if type(ref) is int else ref
 
 
-def unpack_many(records: list[Any], tag_sets: TagSets) -> list[Record]:
+def unpack_many(records: list[Any]) -> list[Record]:
     """The records as `Record` tuples, in order; each dict record loses its private keys (the rest is fields).
 
     A chunk of dict records alone is unpacked a key at a time over all of them
     (`map`, in C), else record by record.
     """
     if set(map(type, records)) != _DICT:
-        return [_unpack(record, tag_sets) if type(record) is dict else record for record in records]
+        return [_unpack(record) if type(record) is dict else record for record in records]
     measurements = list(map(dict.pop, records, repeat(MEASUREMENT)))
     stamps = list(map(dict.pop, records, repeat(TIME)))
-    refs = list(map(dict.pop, records, repeat(TAGS), repeat(None)))
-    try:
-        tags = list(map(tag_sets.by_number.get, refs))  # None stays None
-    except TypeError:  # a copy of tags that have no number
-        tags = list(map(tag_sets.tags, refs))
+    tags = list(map(dict.pop, records, repeat(TAGS), repeat(None)))
     sampled = list(map(dict.pop, records, repeat(SAMPLED), repeat(0)))
     if any(sampled):
         systems: Iterable[bool] = map(_SYSTEM_OF.__getitem__, sampled)
@@ -98,8 +96,8 @@ def unpack_many(records: list[Any], tag_sets: TagSets) -> list[Record]:
     return list(zip(measurements, tags, records, stamps, systems, gpus, strict=False))  # (repeat is endless)
 
 
-def _unpack(record: dict, tag_sets: TagSets) -> Record:
+def _unpack(record: dict) -> Record:
     measurement, ts = record.pop(MEASUREMENT), record.pop(TIME)
-    tags = tag_sets.tags(record.pop(TAGS, None))
+    tags = record.pop(TAGS, None)
     sampled = record.pop(SAMPLED, 0)
     return (measurement, tags, record, ts, _SYSTEM_OF[sampled], _GPU_OF[sampled])

@@ -72,9 +72,14 @@ def _refused_indexes(items: Sequence[Item], refusal: Refusal) -> set[int] | None
     return refused or None
 
 
-def _series_key(measurement: str, tags: Mapping | None) -> Any:
-    """The key of a series' escaped prefix in the sink's cache (`encode_many` builds it inline)."""
-    return (measurement, tuple(tags.items())) if tags else measurement
+def _series_key(measurement: str, tags: Mapping | int | None) -> Any:
+    """The key of a series' escaped prefix in the sink's cache (`encode_many` builds it inline).
+
+    Tags that are a `TagSets` number are keyed by it; a copy of tags by their items.
+    """
+    if type(tags) is int:
+        return (measurement, tags)
+    return (measurement, tuple(tags.items())) if tags else measurement  # type: ignore[union-attr]
 
 
 class InfluxSink:
@@ -106,9 +111,9 @@ class InfluxSink:
 
     # -- encoding (sender thread) --
 
-    def _series_for(self, measurement: str, tags: dict | None) -> bytes:
+    def _series_for(self, measurement: str, tags: dict | int | None) -> bytes:
         """Build and cache the escaped `measurement,tags` prefix; empty when the point is invalid."""
-        text = self._build_series(measurement, tags or {}) or ""
+        text = self._build_series(measurement, self.tag_sets.tags(tags) or {}) or ""
         try:
             series = text.encode()
         except UnicodeEncodeError:
@@ -144,7 +149,7 @@ class InfluxSink:
 
     def unpack_many(self, records: list[Any]) -> list[Record]:
         """The records `MetricsLogger.log` queued as the tuples `encode` takes (see `records`)."""
-        return unpack_many(records, self.tag_sets)
+        return unpack_many(records)
 
     def encode(self, record: Record, emit: Callable[[Item], None], drop: Callable[[str, int], None]) -> None:
         measurement, tags, fields, timestamp, with_system, with_gpu = record
@@ -204,7 +209,10 @@ class InfluxSink:
             if with_system or with_gpu or type(ts) is not int or not MIN_TIME_NS <= ts <= MAX_TIME_NS:
                 return items, index
             try:
-                series = series_of((measurement, tuple(tags.items())) if tags else measurement)  # _series_key, inline
+                if type(tags) is int:  # `_series_key`, inline
+                    series = series_of((measurement, tags))
+                else:
+                    series = series_of((measurement, tuple(tags.items())) if tags else measurement)
                 text = plain(fields) if series else None
                 if not text:
                     return items, index
@@ -235,7 +243,10 @@ class InfluxSink:
         points = zip(measurements, tags, texts, stamps, strict=True)
         for index, (measurement, point_tags, text, ts) in enumerate(points):
             try:
-                series = series_of((measurement, tuple(point_tags.items())) if point_tags else measurement)
+                if type(point_tags) is int:  # `_series_key`, inline
+                    series = series_of((measurement, point_tags))
+                else:
+                    series = series_of((measurement, tuple(point_tags.items())) if point_tags else measurement)
             except TypeError:  # unhashable tag values: `encode` says what
                 return index
             if series is None:
@@ -249,7 +260,7 @@ class InfluxSink:
     def _emit_point(
         self,
         measurement: str,
-        tags: dict | None,
+        tags: dict | int | None,
         fields: Mapping,
         ts: int,
         emit: Callable[[Item], None],
