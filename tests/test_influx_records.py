@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import enum
 import gc
 import threading
 
 from telemetry_client._influx import records
 from telemetry_client._influx.records import TagSets, unpack_many
 from telemetry_client._influx.sink import InfluxSink
-from telemetry_client.metrics import MetricsLogger
+from telemetry_client.metrics import MetricsLogger, encode_lines
 from telemetry_client.testing import InMemoryDestination
 
 
@@ -78,8 +79,8 @@ def test_a_chunk_that_mixes_records_and_tuples_is_unpacked_one_by_one():
 
 def test_records_of_dicts_alone_with_a_copy_of_tags_are_unpacked_too():
     tag_sets = TagSets()
-    unhashable = {"a": 1.0, records.MEASUREMENT: "m", records.TIME: 1, records.TAGS: tag_sets.ref({"k": []})}
-    numbered = {"a": 2.0, records.MEASUREMENT: "m", records.TIME: 2, records.TAGS: tag_sets.ref({"k": "v"})}
+    unhashable = {"a": 1.0, records.MEASUREMENT: "m", records.TIME: 1, records.TAGS: tag_sets.ref("m", {"k": []})}
+    numbered = {"a": 2.0, records.MEASUREMENT: "m", records.TIME: 2, records.TAGS: tag_sets.ref("m", {"k": "v"})}
     assert unpack_many([unhashable, numbered]) == [
         ("m", {"k": []}, {"a": 1.0}, 1, False, False),
         ("m", 0, {"a": 2.0}, 2, False, False),
@@ -90,8 +91,8 @@ def test_records_of_dicts_alone_with_a_copy_of_tags_are_unpacked_too():
 def test_tag_sets_stop_numbering_at_their_limit_and_keep_copies():
     tag_sets = TagSets()
     tag_sets.LIMIT = 2
-    assert [tag_sets.ref({"n": i}) for i in (0, 1, 0)] == [0, 1, 0]
-    beyond = tag_sets.ref({"n": 2})
+    assert [tag_sets.ref("m", {"n": i}) for i in (0, 1, 0)] == [0, 1, 0]
+    beyond = tag_sets.ref("m", {"n": 2})
     assert beyond == {"n": 2} and tag_sets.tags(beyond) == {"n": 2}
 
 
@@ -102,7 +103,7 @@ def test_threads_racing_for_a_new_set_of_tags_get_one_number_that_stands_for_it(
 
     def register(numbers: list) -> None:
         start.wait()
-        numbers.extend(tag_sets.ref({"node": str(i)}) for i in range(200))
+        numbers.extend(tag_sets.ref("m", {"node": str(i)}) for i in range(200))
 
     threads = [threading.Thread(target=register, args=(numbers,)) for numbers in got]
     for thread in threads:
@@ -112,3 +113,48 @@ def test_threads_racing_for_a_new_set_of_tags_get_one_number_that_stands_for_it(
     by_set = {i: {numbers[i] for numbers in got} for i in range(200)}
     assert all(len(found) == 1 for found in by_set.values())
     assert all(tag_sets.tags(found.pop()) == {"node": str(i)} for i, found in by_set.items())
+
+
+def _sent(calls) -> tuple[list[bytes], dict]:
+    """The lines a logger sends for `calls` (kwargs of `log`), and its drops."""
+    sent = InMemoryDestination()
+    logger = MetricsLogger(uid=3, role="miner", destination=sent, self_metrics_interval=None)
+    try:
+        for call in calls:
+            logger.log(**call)
+        assert sent.flush(30) == 0
+        return b"".join(request.body for request in sent.requests).splitlines(), logger.stats()["dropped_by_reason"]
+    finally:
+        logger.close(1)
+
+
+def test_field_names_of_a_str_subclass_are_written_as_their_text():
+    """orjson refuses a key that is a str subclass (an enum's member): those points take the general path."""
+
+    class Metric(enum.StrEnum):
+        LOSS = "loss"
+
+    calls = [{"measurement": "m", "fields": {Metric.LOSS: 0.5 + i}, "timestamp": i} for i in range(3)]
+    calls.append({"measurement": "m", "fields": {"loss": 4.5}, "timestamp": 3})
+    calls += [{"measurement": "m", "fields": {Metric.LOSS: 5.5}, "timestamp": 4}]
+    lines, drops = _sent(calls)
+    assert lines == [
+        f"m,role=miner,uid=3 loss={value} {i}".encode() for i, value in enumerate((0.5, 1.5, 2.5, 4.5, 5.5))
+    ]
+    assert drops == {}
+    assert list(encode_lines([("m", None, {Metric.LOSS: 0.5}, 1)])) == [b"m loss=0.5 1\n"]
+
+
+def test_equal_tags_that_read_differently_keep_their_own_text_in_another_measurement():
+    lines, _ = _sent(
+        [
+            {"measurement": "loss", "tags": {"gpu": True}, "fields": {"a": 1.0}, "timestamp": 1},
+            {"measurement": "step", "tags": {"gpu": 1}, "fields": {"a": 1.0}, "timestamp": 2},
+        ]
+    )
+    assert lines == [b"loss,gpu=True,role=miner,uid=3 a=1 1", b"step,gpu=1,role=miner,uid=3 a=1 2"]
+
+
+def test_tags_given_as_pairs_are_still_taken():
+    lines, drops = _sent([{"measurement": "m", "tags": [("node", "a")], "fields": {"a": 1.0}, "timestamp": 1}])
+    assert (lines, drops) == ([b"m,node=a,role=miner,uid=3 a=1 1"], {})

@@ -145,7 +145,7 @@ class Sink(Protocol):
 
     # Optional: `extra_stats() -> dict[str, int]`, counters of the sink merged into `Channel.stats()`.
     # Optional: `unpack_many(records) -> records`, the records as submitted made the form `encode`
-    # takes, one for one, in order (called once per record, before `encode_many` and `encode`).
+    # takes, one for one, in order (called once per chunk taken, before `encode_many` and `encode`).
     # Optional: `encode_many(records, start) -> (items, index)`, the items of `records[start:]`
     # up to the first record that needs `encode` (and its index): one item per record, the
     # same items `encode` would emit, without counting anything. A fast path for the

@@ -138,8 +138,8 @@ class FieldEncoder:
     the braces and quotes taken out and `:` made `=`): the common training step
     costs about a microsecond on the sender thread. orjson writes a float's
     shortest round-trip form as `repr` does, except between 1e-10 and 1e-4
-    (`0.00001`, `1e-6` where `repr` writes `1e-05`, `1e-06`), which `_as_repr`
-    rewrites. Keys that orjson would not write as line protocol needs take one `%`
+    (`0.00001`, `1e-6` where `repr` writes `1e-05`, `1e-06`), which
+    `_line_protocol_fields` rewrites. Keys that orjson would not write as line protocol needs take one `%`
     operation over `repr`; other values the general path, field by field. Output
     is identical either way.
     """
@@ -172,7 +172,10 @@ class FieldEncoder:
             total = sum(values)
             if total - total == 0.0:  # every value finite
                 if plan.dumps_option is not None:
-                    return _line_protocol_fields(orjson.dumps(fields, option=plan.dumps_option))[1:-1]
+                    try:
+                        return _line_protocol_fields(orjson.dumps(fields, option=plan.dumps_option))[1:-1]
+                    except TypeError:  # a key equal to the plan's but of a str subclass, which orjson refuses
+                        pass
                 text = (plan.template % plan.values_of(fields)).replace(".0,", ",")[:-1]
                 return text.encode()
         return None
@@ -198,7 +201,11 @@ class FieldEncoder:
         if not keys <= self._as_is_keys and not self._approve(keys):
             return None
         # `[{"a":1.0,"b":2.5},{...}]` -> `[,a=1,b=2.5,,,...,]` -> [`a=1,b=2.5`, ...]
-        texts = _line_protocol_fields(orjson.dumps(field_sets, option=orjson.OPT_SORT_KEYS))[2:-2].split(b",,,")
+        try:
+            json = orjson.dumps(field_sets, option=orjson.OPT_SORT_KEYS)
+        except TypeError:  # a key of a str subclass, equal to an approved key: orjson refuses it
+            return None
+        texts = _line_protocol_fields(json)[2:-2].split(b",,,")
         return texts if len(texts) == len(field_sets) else None
 
     def _approve(self, keys: set) -> bool:
@@ -299,6 +306,7 @@ class _Plan:
         self.values_of = getter if len(self.keys) != 1 else (lambda fields: (getter(fields),))
         valid = all(prefix is not None for _, prefix in self.entries)
         self.template = "".join(f"{prefix.replace('%', '%%')}%r," for _, prefix in self.entries) if valid else None
-        as_is = valid and keys and not any(_NOT_AS_IS.intersection(key) or not _encodable(key) for key in keys)
+        as_is = valid and keys and all(type(key) is str for key in keys)
+        as_is = as_is and not any(_NOT_AS_IS.intersection(key) or not _encodable(key) for key in keys)
         as_is = as_is and not any("0.0000" in key or "e-" in key for key in keys)
         self.dumps_option = (0 if self.keys == keys else orjson.OPT_SORT_KEYS) if as_is else None

@@ -297,15 +297,15 @@ class MetricsLogger:
             if sample_rate < 1.0 and random.random() >= sample_rate:
                 channel.count_sampled_out()
                 return
-            record = dict(fields) if fields else {}  # one dict the collector does not track (see `records`)
-            record[MEASUREMENT] = self._name(measurement)
-            record[TIME] = ts
+            name = self._name(measurement)
+            # One dict the collector does not track (see `records`), sized once for the fields and two keys.
+            record = {MEASUREMENT: name, TIME: ts, **fields} if fields else {MEASUREMENT: name, TIME: ts}
             if tags:
                 try:
-                    number = self._tag_numbers.get(tuple(tags.items()))
-                except TypeError:  # unhashable values: `ref` keeps a copy
+                    number = self._tag_numbers.get((name, tuple(tags.items())))
+                except (TypeError, AttributeError):  # unhashable values, pairs: `ref` keeps a copy
                     number = None
-                record[TAGS] = self._tag_sets.ref(tags) if number is None else number
+                record[TAGS] = self._tag_sets.ref(name, tags) if number is None else number
             if with_system_metrics or with_gpu_metrics:
                 record[SAMPLED] = (SYSTEM if with_system_metrics else 0) | (GPU if with_gpu_metrics else 0)
             channel.submit(record)

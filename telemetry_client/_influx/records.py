@@ -3,9 +3,9 @@
 A record is one dict: the copy of the caller's fields, with the measurement, the
 timestamp, the tags and the sampling flags under private keys (`object()`
 instances, which no caller can pass as a field name). Why not a tuple of the
-measurement, the tags dict and the fields dict: the garbage collector never
-tracks a dict that holds only numbers and strings, but tracks every tuple that
-holds a dict. Tuple records waiting in a flood (hundreds of thousands when the
+measurement, the tags dict and the fields dict: the garbage collector does not
+track a dict built from numbers and strings, but tracks every tuple that holds a
+dict. Tuple records waiting in a flood (hundreds of thousands when the
 caller outpaces the sender) made every full collection walk them all: 0.7-0.9 µs
 per point of the client's CPU in `bench_throughput.py`, and stalls of the
 caller, which runs the collections its allocations trigger. So the tags are a
@@ -40,36 +40,39 @@ _DICT = {dict}
 
 
 class TagSets:
-    """A number for each distinct set of tags (as their items, in order), shared by the caller and the sender.
+    """A number for each distinct measurement and set of tags (its items, in order), shared by caller and sender.
 
-    Callers may run on several threads: a number is registered before it is
-    published, and `setdefault` picks one number per set when two race.
+    Per measurement, as the sink's series cache is keyed: tags that compare equal
+    but read differently (`True` and `1`) are one set there too. Callers may run on
+    several threads: a number is registered before it is published, and
+    `setdefault` picks one number per set when two race (the loser's entry stays,
+    unused). Numbered sets are kept for the logger's life, up to `LIMIT`.
     """
 
-    LIMIT = 10_000  # distinct sets numbered; beyond it a record holds its copy of the tags
+    LIMIT = 10_000  # sets numbered; beyond it a record holds its copy of the tags
 
     def __init__(self) -> None:
-        self.numbers: dict[tuple, int] = {}  # the items of a set of tags -> its number
+        self.numbers: dict[tuple, int] = {}  # (measurement, the items of its tags) -> a number
         self.by_number: dict[int, dict] = {}
         self._next = itertools.count()
 
-    def ref(self, tags: Mapping[Any, Any]) -> int | dict:
-        """The number of `tags`, or a copy of them (unhashable values, or too many sets).
+    def ref(self, measurement: str, tags: Mapping[Any, Any]) -> int | dict:
+        """The number of `tags` logged to `measurement`, or a copy of them (unhashable values, too many sets).
 
         `MetricsLogger.log` looks a known set up in `numbers` itself and calls this for the others.
         """
         try:
-            items = tuple(tags.items())
-            number = self.numbers.get(items)
-        except TypeError:
+            key = (measurement, tuple(tags.items()))
+            number = self.numbers.get(key)
+        except (TypeError, AttributeError):  # unhashable values; pairs rather than a mapping
             return dict(tags)
         if number is not None:
             return number
         if len(self.numbers) >= self.LIMIT:
             return dict(tags)
         number = next(self._next)
-        self.by_number[number] = dict(items)
-        return self.numbers.setdefault(items, number)
+        self.by_number[number] = dict(key[1])
+        return self.numbers.setdefault(key, number)
 
     def tags(self, ref: int | dict | None) -> dict | None:
         """The tags a record's TAGS value stands for."""
