@@ -5,7 +5,7 @@ and times every call. For every call slower than 2 ms it also reads the calling
 thread's CPU time and the process's, which tells the three causes apart:
 
 - `caller`: the calling thread itself computed (a garbage-collection pass it
-  triggered, mostly);
+  triggered, for one);
 - `sender`: the sender thread ran while the caller waited (it held the GIL);
 - `OS`: neither ran: the machine gave the process no core.
 

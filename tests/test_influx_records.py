@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import gc
+import sys
 import threading
 
 from telemetry_client._influx import records
@@ -97,22 +98,30 @@ def test_tag_sets_stop_numbering_at_their_limit_and_keep_copies():
 
 
 def test_threads_racing_for_a_new_set_of_tags_get_one_number_that_stands_for_it():
-    tag_sets = TagSets()
-    start = threading.Barrier(8)
-    got: list[list] = [[] for _ in range(8)]
+    """Switching threads every microsecond makes them race inside `ref` (a plain assignment for `setdefault`
+    fails about one run in two)."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(5):
+            tag_sets = TagSets()
+            start = threading.Barrier(8)
+            got: list[list] = [[] for _ in range(8)]
 
-    def register(numbers: list) -> None:
-        start.wait()
-        numbers.extend(tag_sets.ref("m", {"node": str(i)}) for i in range(200))
+            def register(numbers: list, tag_sets: TagSets = tag_sets, start: threading.Barrier = start) -> None:
+                start.wait()
+                numbers.extend(tag_sets.ref("m", {"node": str(i)}) for i in range(200))
 
-    threads = [threading.Thread(target=register, args=(numbers,)) for numbers in got]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    by_set = {i: {numbers[i] for numbers in got} for i in range(200)}
-    assert all(len(found) == 1 for found in by_set.values())
-    assert all(tag_sets.tags(found.pop()) == {"node": str(i)} for i, found in by_set.items())
+            threads = [threading.Thread(target=register, args=(numbers,)) for numbers in got]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            by_set = {i: {numbers[i] for numbers in got} for i in range(200)}
+            assert all(len(found) == 1 for found in by_set.values())
+            assert all(tag_sets.tags(found.pop()) == {"node": str(i)} for i, found in by_set.items())
+    finally:
+        sys.setswitchinterval(interval)
 
 
 def _sent(calls) -> tuple[list[bytes], dict]:

@@ -137,7 +137,7 @@ class FieldEncoder:
     whole field set is written by orjson in one call, in C (its JSON object, with
     the braces and quotes taken out and `:` made `=`): the common training step
     costs about a microsecond on the sender thread. orjson writes a float's
-    shortest round-trip form as `repr` does, except between 1e-10 and 1e-4
+    shortest round-trip form as `repr` does, except from 1e-9 up to 1e-4
     (`0.00001`, `1e-6` where `repr` writes `1e-05`, `1e-06`), which
     `_line_protocol_fields` rewrites. Keys that orjson would not write as line protocol needs take one `%`
     operation over `repr`; other values the general path, field by field. Output
@@ -241,7 +241,8 @@ _FLOAT = {float}
 _NUMBER = {float, int}
 # orjson's JSON of field dicts made line protocol (`_line_protocol_fields`): `:` is `=`, braces become commas.
 _JSON_TO_FIELDS = bytes.maketrans(b":{}", b"=,,")
-# The floats orjson writes unlike `repr` (its exponents from -5 to -9), as found in its JSON.
+# The floats orjson writes unlike `repr` (its exponents from -5 to -9), as found in its JSON: after a key's `:`,
+# before the `,` or `}` that ends the value, so never inside a key's quotes.
 _EXPONENT_5 = re.compile(rb":(-?)0\.0000([1-9])([0-9]*)")  # 0.000015 for 1.5e-05
 _EXPONENT_6_TO_9 = re.compile(rb"e-([6-9])(?=[,}])")  # 1.5e-6 for 1.5e-06
 
@@ -290,8 +291,6 @@ class _Plan:
 
     `dumps_option` is None when some key is not written by orjson as line protocol
     needs it; else the option that sorts the keys, or 0 when they come sorted.
-    A key that holds the text of a float orjson writes unlike `repr` (`0.0000`, `e-`)
-    is not as is: `_line_protocol_fields` rewrites that text.
     """
 
     __slots__ = ("dumps_option", "entries", "keys", "template", "values_of")
@@ -308,5 +307,4 @@ class _Plan:
         self.template = "".join(f"{prefix.replace('%', '%%')}%r," for _, prefix in self.entries) if valid else None
         as_is = valid and keys and all(type(key) is str for key in keys)
         as_is = as_is and not any(_NOT_AS_IS.intersection(key) or not _encodable(key) for key in keys)
-        as_is = as_is and not any("0.0000" in key or "e-" in key for key in keys)
         self.dumps_option = (0 if self.keys == keys else orjson.OPT_SORT_KEYS) if as_is else None
