@@ -297,9 +297,10 @@ class MetricsLogger:
             if sample_rate < 1.0 and random.random() >= sample_rate:
                 channel.count_sampled_out()
                 return
-            name = self._name(measurement)
-            # One dict the collector does not track (see `records`), sized once for the fields and two keys.
-            record = {MEASUREMENT: name, TIME: ts, **fields} if fields else {MEASUREMENT: name, TIME: ts}
+            name = self._names.get(measurement) or self._name(measurement)
+            record = dict(fields) if fields else {}  # one dict the collector does not track (see `records`)
+            record[MEASUREMENT] = name
+            record[TIME] = ts
             if tags:
                 try:
                     number = self._tag_numbers.get((name, tuple(tags.items())))
