@@ -135,13 +135,13 @@ class FieldEncoder:
     The validated, escaped and sorted key order is cached per key set. When every
     value is a finite float (or an int up to 2**53, whose text is the same), the
     whole field set is written by orjson in one call, in C (its JSON object, with
-    the braces and quotes taken out and `:` made `=`): the common training step
-    costs about a microsecond on the sender thread. orjson writes a float's
-    shortest round-trip form as `repr` does, except from 1e-9 up to 1e-4
-    (`0.00001`, `1e-6` where `repr` writes `1e-05`, `1e-06`), which
-    `_line_protocol_fields` rewrites. Keys that orjson would not write as line protocol needs take one `%`
-    operation over `repr`; other values the general path, field by field. Output
-    is identical either way.
+    the braces and quotes taken out and `:` made `=`); a chunk of such sets is one
+    call (`plain_many`), about a microsecond per ten-field set on the sender
+    thread. orjson writes a float's shortest round-trip form as `repr` does,
+    except from 1e-9 up to 1e-4 (`0.00001`, `1e-6` where `repr` writes `1e-05`,
+    `1e-06`), which `_line_protocol_fields` rewrites. Keys that orjson would not
+    write as line protocol needs take one `%` operation over `repr`; other values
+    the general path, field by field. Output is identical either way.
     """
 
     MAX_PLANS = 4096

@@ -9,7 +9,7 @@ dict. Tuple records waiting in a flood (hundreds of thousands when the
 caller outpaces the sender) made every full collection walk them all: 0.7-0.9 µs
 per point of the client's CPU in `bench_throughput.py`, and stalls of the
 caller, which runs the collections its allocations trigger. So the tags are a
-number too: `TagSets` gives each distinct set of tags one.
+number too: `TagSets` gives each measurement's distinct sets of tags one.
 
 The sender unpacks records into `Record` tuples (`unpack_many`) before it
 encodes them, the tags still a number; a tuple record (the logger's own
@@ -18,9 +18,8 @@ self-metrics) passes as it is.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable, Mapping
-from itertools import repeat
+from itertools import count, repeat
 from typing import Any
 
 # What the sink encodes: (measurement, tags, fields, timestamp, with_system_metrics, with_gpu_metrics). The tags
@@ -54,7 +53,7 @@ class TagSets:
     def __init__(self) -> None:
         self.numbers: dict[tuple, int] = {}  # (measurement, the items of its tags) -> a number
         self.by_number: dict[int, dict] = {}
-        self._next = itertools.count()
+        self._next = count()
 
     def ref(self, measurement: str, tags: Mapping[Any, Any]) -> int | dict:
         """The number of `tags` logged to `measurement`, or a copy of them (unhashable values, too many sets).

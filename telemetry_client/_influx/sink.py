@@ -191,10 +191,11 @@ class InfluxSink:
         """The items of `records[start:]` up to the first record that needs `encode`, and that record's index.
 
         The common point (an int timestamp in range, a valid series, every field a
-        finite float or an int up to 2**53, no sampled metrics) is encoded here: the same bytes as `encode`,
-        for a fraction of its calls. A chunk of nothing else is encoded whole
-        (`_encode_chunk`); otherwise one loop takes points of series seen before, and
-        anything else stops it and goes to `encode`, which validates and counts it.
+        finite float or an int up to 2**53, no sampled metrics) is encoded here: the
+        same bytes as `encode`, for a fraction of its calls. A chunk of nothing else
+        is encoded whole (`_encode_chunk`); otherwise one loop takes points of series
+        seen before, and anything else stops it and goes to `encode`, which validates
+        and counts it.
         """
         items: list[Item] = []
         append = items.append
