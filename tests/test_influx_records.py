@@ -167,3 +167,15 @@ def test_equal_tags_that_read_differently_keep_their_own_text_in_another_measure
 def test_tags_given_as_pairs_are_still_taken():
     lines, drops = _sent([{"measurement": "m", "tags": [("node", "a")], "fields": {"a": 1.0}, "timestamp": 1}])
     assert (lines, drops) == ([b"m,node=a,role=miner,uid=3 a=1 1"], {})
+
+
+def test_a_tag_value_that_is_a_list_drops_its_point_as_invalid_and_no_other(caplog):
+    """Such tags cannot be numbered (nor cached): the point is counted `invalid` with a warning naming the tag."""
+    lines, drops = _sent(
+        [
+            {"measurement": "m", "tags": {"node": ["a", "b"]}, "fields": {"a": 1.0}, "timestamp": 1},
+            {"measurement": "m", "tags": {"node": "a"}, "fields": {"a": 2.0}, "timestamp": 2},
+        ]
+    )
+    assert (lines, drops) == ([b"m,node=a,role=miner,uid=3 a=2 2"], {"invalid": 1})
+    assert "tag 'node' is a list" in caplog.text

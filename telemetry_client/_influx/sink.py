@@ -72,6 +72,14 @@ def _refused_indexes(items: Sequence[Item], refusal: Refusal) -> set[int] | None
     return refused or None
 
 
+def _hashable(value: object) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
 def _series_key(measurement: str, tags: Mapping | int | None) -> Any:
     """The key of a series' escaped prefix in the sink's cache (`encode_many` builds it inline).
 
@@ -267,7 +275,19 @@ class InfluxSink:
         emit: Callable[[Item], None],
         drop: Callable[[str, int], None],
     ) -> None:
-        series = self._series.get(_series_key(measurement, tags))
+        try:
+            series = self._series.get(_series_key(measurement, tags))
+        except TypeError:  # a tag value that cannot be a dict key (a list): not a tag
+            drop("invalid", 1)
+            unhashable = [(k, v) for k, v in tags.items() if not _hashable(v)]  # type: ignore[union-attr]
+            key, value = unhashable[0] if unhashable else ("?", None)
+            warn.warning(
+                f"tag:{key!r}",
+                "dropped points whose tag %r is a %s: a tag value is a string or a number",
+                key,
+                type(value).__name__,
+            )
+            return
         if series is None:
             series = self._series_for(measurement, tags)
         if not series:
