@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import numbers
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from telemetry_client._engine.self_log import warn
@@ -70,14 +70,6 @@ def _refused_indexes(items: Sequence[Item], refusal: Refusal) -> set[int] | None
         others = [i for i, item in enumerate(items) if item[2] != refusal.measurement]
         refused = set((named + others)[: refusal.dropped])
     return refused or None
-
-
-def _hashable(value: object) -> bool:
-    try:
-        hash(value)
-    except TypeError:
-        return False
-    return True
 
 
 def _series_key(measurement: str, tags: Mapping | int | None) -> Any:
@@ -279,7 +271,7 @@ class InfluxSink:
             series = self._series.get(_series_key(measurement, tags))
         except TypeError:  # a tag value that cannot be a dict key (a list): not a tag
             drop("invalid", 1)
-            unhashable = [(k, v) for k, v in tags.items() if not _hashable(v)]  # type: ignore[union-attr]
+            unhashable = [(k, v) for k, v in tags.items() if not isinstance(v, Hashable)]  # type: ignore[union-attr]
             key, value = unhashable[0] if unhashable else ("?", None)
             warn.warning(
                 f"tag:{key!r}",
