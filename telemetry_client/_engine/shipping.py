@@ -231,6 +231,7 @@ class Channel:
         lifecycle.sigterm_wanted()  # a bad TELEMETRY_HANDLE_SIGTERM raises here, before anything starts
         self.sink = sink
         self.settings = settings or BufferSettings()
+        self._wake_at = self.settings.batch_items  # records waiting that wake the sender (BufferSettings is frozen)
         self._engine = get_engine()
         self._items_in_body = getattr(sink, "items_in_body", None)
         self._encode_many = getattr(sink, "encode_many", None)
@@ -302,7 +303,8 @@ class Channel:
         engine = self._engine
         if not engine.running:
             engine.start()
-        if len(intake) >= self.settings.batch_items and not engine.wake.is_set():
+        if len(intake) >= self._wake_at and not engine.woken:
+            engine.woken = True
             engine.wake.set()
 
     def count_sampled_out(self) -> None:
@@ -1088,6 +1090,10 @@ class Engine:
     def __init__(self) -> None:
         self.channels: list[Channel] = []
         self.wake = threading.Event()
+        # Set with `wake` by callers that fill a batch, cleared with it by the sender: an attribute
+        # read is cheaper than `wake.is_set()` in every `submit` of a flood. A stale True is harmless:
+        # the sender clears it before it looks at the intake.
+        self.woken = False
         self.running = False
         self._start_lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -1134,6 +1140,7 @@ class Engine:
     def _run(self) -> None:
         while True:
             self.wake.clear()
+            self.woken = False
             deadline = self._flush_deadline
             if deadline is not None and time.monotonic() > deadline:
                 self._flush_deadline = deadline = None
@@ -1167,6 +1174,7 @@ class Engine:
     def after_fork_in_child(self) -> None:
         """A child gets a fresh engine: empty buffers, no thread, new sockets. Nothing is sent twice."""
         self.wake = threading.Event()
+        self.woken = False
         self.running = False
         self._start_lock = threading.Lock()
         self._thread = None
