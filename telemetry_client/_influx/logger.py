@@ -309,6 +309,7 @@ class MetricsLogger:
                 record[TAGS] = self._tag_sets.ref(name, tags) if number is None else number
             if with_system_metrics or with_gpu_metrics:
                 record[SAMPLED] = (SYSTEM if with_system_metrics else 0) | (GPU if with_gpu_metrics else 0)
+                self._sink.sampling_asked = True
             channel.submit(record)
         except Exception:
             warn.warning("log", "MetricsLogger.log() could not queue a point", exc_info=True)

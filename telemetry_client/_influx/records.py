@@ -78,18 +78,19 @@ class TagSets:
         return self.by_number[ref] if type(ref) is int else ref
 
 
-def unpack_many(records: list[Any]) -> list[Record]:
+def unpack_many(records: list[Any], sampling_asked: bool = True) -> list[Record]:
     """The records as `Record` tuples, in order; each dict record loses its private keys (the rest is fields).
 
     A chunk of dict records alone is unpacked a key at a time over all of them
-    (`map`, in C), else record by record.
+    (`map`, in C), else record by record. `sampling_asked` False says that no
+    record holds SAMPLED (no point asked for system or GPU metrics): nothing to pop.
     """
     if set(map(type, records)) != _DICT:
         return [_unpack(record) if type(record) is dict else record for record in records]
     measurements = list(map(dict.pop, records, repeat(MEASUREMENT)))
     stamps = list(map(dict.pop, records, repeat(TIME)))
     tags = list(map(dict.pop, records, repeat(TAGS), repeat(None)))
-    sampled = list(map(dict.pop, records, repeat(SAMPLED), repeat(0)))
+    sampled = list(map(dict.pop, records, repeat(SAMPLED), repeat(0))) if sampling_asked else ()
     if any(sampled):
         systems: Iterable[bool] = map(_SYSTEM_OF.__getitem__, sampled)
         gpus: Iterable[bool] = map(_GPU_OF.__getitem__, sampled)

@@ -103,6 +103,9 @@ class InfluxSink:
         self.watched: list[Channel] = []
         self.submit: Callable[[Record], None] = lambda record: None
         self.tag_sets = TagSets()  # the numbers `MetricsLogger.log` gives its records' tags (see `records`)
+        # Set by `MetricsLogger.log` before it queues the first record that asks for system or GPU
+        # metrics; until then no record holds SAMPLED, and `unpack_many` looks for none.
+        self.sampling_asked = False
         self._series: dict[Any, bytes] = {}
         self._system: SystemSampler | None = None
         self._gpu: GpuSampler | None = None
@@ -149,7 +152,7 @@ class InfluxSink:
 
     def unpack_many(self, records: list[Any]) -> list[Record]:
         """The records `MetricsLogger.log` queued as the tuples `encode` takes (see `records`)."""
-        return unpack_many(records)
+        return unpack_many(records, self.sampling_asked)
 
     def encode(self, record: Record, emit: Callable[[Item], None], drop: Callable[[str, int], None]) -> None:
         measurement, tags, fields, timestamp, with_system, with_gpu = record
