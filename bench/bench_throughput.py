@@ -6,16 +6,27 @@ costs nothing. The client runs in a process of its own, which logs the points as
 fast as it can and flushes; it is given room for every point (a drop would make
 the rate meaningless, and a fast machine's caller outruns the sender most). Both
 run against the same fresh server in one run, alternated, round after round: the
-server's speed drifts. The CPU time of each side is measured too: where the server
-and the client share the machine's cores, their sum over the cores bounds what
-the client can reach.
+server's speed drifts. The CPU time of each side is measured too.
+
+Two placements, each with a server of its own, one after the other:
+
+- `separate`: the server on one half of the machine's cores, the client (and the
+  ceiling's sender) on the other, as when the server is another machine: what
+  the client's pipeline delivers of what the server can take.
+- `shared`: every process on every core, as when the server runs beside the
+  training: the client's CPU is then taken from the server's, and the sum of
+  both sides' CPU over the cores bounds what the client can reach.
+
+Each round's ceiling and client run back to back and are compared with each
+other; the best client run against the best ceiling is printed too (a busy
+machine only ever slows a run down).
 
 `--baseline REV` also runs the client of git revision REV (its `telemetry_client/`
 extracted to a temporary directory) in every round, to compare a change with
 what it replaced on the same server and machine.
 
     python bench/bench_throughput.py
-    python bench/bench_throughput.py --baseline HEAD~1 --rounds 5
+    python bench/bench_throughput.py --baseline HEAD~1 --rounds 5 --placement shared
 """
 
 from __future__ import annotations
@@ -128,21 +139,65 @@ def _cpu_seconds(process: psutil.Process) -> float:
     return times.user + times.system
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Which cores the server runs on, and which the client and the ceiling's sender (None: all of them)."""
+
+    name: str
+    server_cores: frozenset[int] | None
+    client_cores: frozenset[int] | None
+
+    def describe(self) -> str:
+        if self.server_cores is None:
+            return "server and client share every core"
+        return f"server on core(s) {_cores(self.server_cores)}, client on core(s) {_cores(self.client_cores)}"
+
+
+def placements(cores: set[int], wanted: str) -> list[Placement]:
+    """The placements `--placement` asks for; `separate` needs two cores at least."""
+    ordered = sorted(cores)
+    half = len(ordered) // 2
+    chosen = []
+    if wanted in ("separate", "both"):
+        if half:
+            chosen.append(Placement("separate", frozenset(ordered[half:]), frozenset(ordered[:half])))
+        else:
+            print("placement separate skipped: one core only", flush=True)
+    if wanted in ("shared", "both"):
+        chosen.append(Placement("shared", None, None))
+    return chosen
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--points", type=int, default=POINTS)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--baseline", help="a git revision whose client runs in every round too")
+    parser.add_argument("--placement", choices=("both", "separate", "shared"), default="both")
     args = parser.parse_args()
-    cores = len(os.sched_getaffinity(0))
+    cores = os.sched_getaffinity(0)
     with tempfile.TemporaryDirectory(prefix="bench-baseline-") as tmp:
         clients = {"current": ROOT}
         if args.baseline:
             clients[f"baseline {args.baseline}"] = extract(args.baseline, Path(tmp))
-        results: dict[str, list[Round]] = {"ceiling": [], **{name: [] for name in clients}}
-        stored: dict[str, list[int]] = {name: [] for name in clients}
-        load = os.getloadavg()[0]
+        for placement in placements(cores, args.placement):
+            print(f"placement {placement.name}: {placement.describe()}", flush=True)
+            load = os.getloadavg()[0]
+            results, stored = run_placement(placement, clients, args, cores)
+            report(results, stored, args, placement, len(cores), load)
+
+
+def run_placement(placement: Placement, clients: dict[str, Path], args, cores: set[int]):
+    """`args.rounds` rounds of the ceiling and every client, on a fresh server placed as `placement` says."""
+    results: dict[str, list[Round]] = {"ceiling": [], **{name: [] for name in clients}}
+    stored: dict[str, list[int]] = {name: [] for name in clients}
+    try:
+        if placement.server_cores is not None:
+            os.sched_setaffinity(0, placement.server_cores)  # the server inherits it
         with influxdb_v1() as server:
+            if placement.client_cores is not None:
+                # This process (it sends the ceiling) and the clients it starts.
+                os.sched_setaffinity(0, placement.client_cores)
             (influxd,) = [p for p in psutil.Process().children(recursive=True) if p.name() == "influxd"]
             for round_ in range(args.rounds):
                 database = f"ceiling{round_}"
@@ -164,17 +219,23 @@ def main() -> None:
                     + " points/s",
                     flush=True,
                 )
-    report(results, stored, args, cores, load)
+    finally:
+        os.sched_setaffinity(0, cores)
+    return results, stored
 
 
-def report(results: dict[str, list[Round]], stored: dict[str, list[int]], args, cores: int, load: float) -> None:
+def report(
+    results: dict[str, list[Round]], stored: dict[str, list[int]], args, placement: Placement, cores: int, load: float
+) -> None:
     ceilings = results["ceiling"]
     ceiling = statistics.median(r.rate for r in ceilings)
     print(
         f"{args.points:,} points, 10 fields, batches of {BATCH:,}, InfluxDB 1.6.7 on loopback, {args.rounds} rounds, "
-        f"{cores} cores, load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
+        f"{cores} cores ({placement.describe()}), load average {load:.1f} at the start, "
+        f"{os.getloadavg()[0]:.1f} at the end"
     )
     print(f"{'server ceiling (pre-encoded batches)':40} {ceiling:10,.0f} points/s median  ({_rates(ceilings)})")
+    best_ceiling = max(r.rate for r in ceilings)
     for name, runs in results.items():
         if name == "ceiling":
             continue
@@ -184,22 +245,28 @@ def report(results: dict[str, list[Round]], stored: dict[str, list[int]], args, 
         print(
             f"{'MetricsLogger, one process: ' + name:40} {rate:10,.0f} points/s median  ({_rates(runs)}); "
             f"of the round's ceiling: median {statistics.median(shares):.0%} "
-            f"({', '.join(f'{s:.0%}' for s in shares)})"
+            f"({', '.join(f'{s:.0%}' for s in shares)}); "
+            f"best against best {max(r.rate for r in runs) / best_ceiling:.0%}"
         )
         print(
             f"{'':40} stored {', '.join(f'{n:,}' for n in stored[name])}; CPU seconds per round, server + client: "
             + "; ".join(f"{r.server_cpu:.2f} + {r.client_cpu:.2f}" for r in runs)
             + f"; client CPU per point {statistics.median(r.client_cpu for r in runs) / args.points * 1e6:.1f} us"
         )
-        # The server's own work at the ceiling plus the client's, spread over the cores.
-        bounds = [
-            args.points / max(args.points / c.rate, (c.server_cpu + r.client_cpu) / cores)
-            for r, c in zip(runs, ceilings, strict=True)
-        ]
-        print(
-            f"{'':40} bound on {cores} cores (the ceiling's server CPU plus this client's, over the cores): "
-            f"median {statistics.median(bounds) / ceiling:.0%} of the ceiling"
-        )
+        if placement.server_cores is None:
+            # The server's own work at the ceiling plus the client's, spread over the cores.
+            bounds = [
+                args.points / max(args.points / c.rate, (c.server_cpu + r.client_cpu) / cores)
+                for r, c in zip(runs, ceilings, strict=True)
+            ]
+            print(
+                f"{'':40} bound on {cores} cores (the ceiling's server CPU plus this client's, over the cores): "
+                f"median {statistics.median(bounds) / ceiling:.0%} of the ceiling"
+            )
+
+
+def _cores(cores: frozenset[int] | None) -> str:
+    return ",".join(map(str, sorted(cores or ())))
 
 
 def _rates(runs: list[Round]) -> str:
