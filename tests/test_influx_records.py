@@ -62,6 +62,20 @@ def test_the_sender_unpacks_records_into_what_was_logged():
     assert [tags for _, tags, *_ in unpacked] == [None, 0, 0, 1, None]  # the same tags are one number
 
 
+def test_a_point_asking_for_system_metrics_is_unpacked_whole_even_when_taken_at_once():
+    """The sender may take a record the moment it is queued: the sink must know to look for SAMPLED by then."""
+    logger = MetricsLogger(uid=3, role="miner", destination=InMemoryDestination(), self_metrics_interval=None)
+    sink = logger._sink
+    unpacked: list = []
+    logger._channel.submit = lambda record: unpacked.extend(sink.unpack_many([record]))  # type: ignore[method-assign, union-attr]
+    try:
+        logger.log("step", fields={"c": 2.0}, timestamp=14, with_system_metrics=True)
+        logger.log("step", fields={"c": 3.0}, timestamp=15)
+    finally:
+        logger.close(1)
+    assert unpacked == [("step", None, {"c": 2.0}, 14, True, False), ("step", None, {"c": 3.0}, 15, False, False)]
+
+
 def test_a_chunk_that_mixes_records_and_tuples_is_unpacked_one_by_one():
     """The logger's own self-metrics are queued as tuples; unhashable tags are kept as a copy (a tracked record)."""
     queued, sink = _queued(

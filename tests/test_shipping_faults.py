@@ -590,6 +590,45 @@ def test_counters_add_up_at_every_moment_under_mixed_faults():
     assert_counters_add_up(stats)
 
 
+def test_every_full_batch_wakes_the_sender_not_only_the_first():
+    """A caller that fills a batch wakes the sender (`wake.set()`); the sender clears `woken` as it wakes.
+
+    Were `woken` left set after the first batch, callers would never wake the sender
+    again: each later batch would wait out the sender's sleep (up to 1 s, and records
+    pile up meanwhile). No timing is asserted: the calls to `wake.set()` are counted.
+    """
+    from telemetry_client.testing import InMemoryDestination
+
+    sent = InMemoryDestination()
+    buffer = BufferSettings(batch_items=100, max_items=1_000, flush_interval=60)  # sealed full, never by age
+    logger = MetricsLogger(uid=1, role="miner", destination=sent, self_metrics_interval=None, buffer=buffer)
+    engine = logger.channel._engine
+    sets: list[int] = []
+    set_wake = engine.wake.set
+
+    def counting_set() -> None:
+        sets.append(1)
+        set_wake()
+
+    engine.wake.set = counting_set  # type: ignore[method-assign]
+    try:
+        for round_ in range(1, 4):
+            del sets[:]
+            with logger.channel._lock:  # the sender takes no record before the batch is full
+                for i in range(100):
+                    logger.log("m", fields={"i": float(i)})
+            assert sets, f"round {round_}: the caller that filled a batch did not wake the sender"
+            assert sent.flush(60) == 0
+            assert len(sent.points) == 100 * round_
+            deadline = time.monotonic() + 60
+            while engine.woken and time.monotonic() < deadline:  # the sender clears it at its next turn
+                time.sleep(0.01)
+            assert not engine.woken, f"round {round_}: the sender left `woken` set"
+    finally:
+        del engine.wake.set
+        logger.close(1)
+
+
 def test_a_batch_ready_to_send_goes_before_more_encoding():
     """With records waiting, the sender sends each batch once it is sealed, not after a longer round of encoding.
 

@@ -1091,8 +1091,9 @@ class Engine:
         self.channels: list[Channel] = []
         self.wake = threading.Event()
         # Set with `wake` by callers that fill a batch, cleared with it by the sender: an attribute
-        # read is cheaper than `wake.is_set()` in every `submit` of a flood. A stale True is harmless:
-        # the sender clears it before it looks at the intake.
+        # read is cheaper than `wake.is_set()` in every `submit` of a flood. The sender clears it
+        # before it looks at the intake, so no wake-up is lost; a True left without `wake` (a caller
+        # interrupted between the two) costs at most the sender's longest sleep, 1 s.
         self.woken = False
         self.running = False
         self._start_lock = threading.Lock()
