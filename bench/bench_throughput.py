@@ -10,9 +10,12 @@ server's speed drifts. The CPU time of each side is measured too.
 
 Two placements, each with a server of its own, one after the other:
 
-- `separate`: the server on one half of the machine's cores, the client (and the
-  ceiling's sender) on the other, as when the server is another machine: what
-  the client's pipeline delivers of what the server can take.
+- `separate`: the server on one half of the machine's cores (the larger half of
+  an odd number), the client (and the ceiling's sender) on the other, as when
+  the server is another machine: what the client's pipeline delivers of what
+  the server can take. The halves are of physical cores where the machine says
+  which CPUs share one. On 2 cores the client has one: its gzip, which runs
+  without the interpreter lock, then shares it with the caller.
 - `shared`: every process on every core, as when the server runs beside the
   training: the client's CPU is then taken from the server's, and the sum of
   both sides' CPU over the cores bounds what the client can reach.
@@ -153,19 +156,41 @@ class Placement:
         return f"server on core(s) {_cores(self.server_cores)}, client on core(s) {_cores(self.client_cores)}"
 
 
-def placements(cores: set[int], wanted: str) -> list[Placement]:
-    """The placements `--placement` asks for; `separate` needs two cores at least."""
-    ordered = sorted(cores)
-    half = len(ordered) // 2
+def placements(cpus: set[int], wanted: str) -> list[Placement]:
+    """The placements `--placement` asks for; `separate` needs two physical cores at least."""
+    cores = _physical_cores(cpus)
+    half = len(cores) // 2
     chosen = []
     if wanted in ("separate", "both"):
         if half:
-            chosen.append(Placement("separate", frozenset(ordered[half:]), frozenset(ordered[:half])))
+            chosen.append(
+                Placement(
+                    "separate",
+                    frozenset(cpu for core in cores[half:] for cpu in core),
+                    frozenset(cpu for core in cores[:half] for cpu in core),
+                )
+            )
         else:
             print("placement separate skipped: one core only", flush=True)
     if wanted in ("shared", "both"):
         chosen.append(Placement("shared", None, None))
     return chosen
+
+
+def _physical_cores(cpus: set[int]) -> list[list[int]]:
+    """`cpus` grouped by the physical core they share (Linux's sysfs topology), one group per CPU without it."""
+    groups: dict[tuple[str, str] | int, list[int]] = {}
+    for cpu in sorted(cpus):
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            key: tuple[str, str] | int = (
+                (topology / "physical_package_id").read_text().strip(),
+                (topology / "core_id").read_text().strip(),
+            )
+        except OSError:
+            key = cpu
+        groups.setdefault(key, []).append(cpu)
+    return list(groups.values())
 
 
 def main() -> None:
@@ -180,14 +205,19 @@ def main() -> None:
         clients = {"current": ROOT}
         if args.baseline:
             clients[f"baseline {args.baseline}"] = extract(args.baseline, Path(tmp))
-        for placement in placements(cores, args.placement):
+        chosen = placements(cores, args.placement)
+        if not chosen:
+            parser.error(f"--placement {args.placement} needs two cores or more")
+        for placement in chosen:
             print(f"placement {placement.name}: {placement.describe()}", flush=True)
             load = os.getloadavg()[0]
             results, stored = run_placement(placement, clients, args, cores)
             report(results, stored, args, placement, len(cores), load)
 
 
-def run_placement(placement: Placement, clients: dict[str, Path], args, cores: set[int]):
+def run_placement(
+    placement: Placement, clients: dict[str, Path], args: argparse.Namespace, cores: set[int]
+) -> tuple[dict[str, list[Round]], dict[str, list[int]]]:
     """`args.rounds` rounds of the ceiling and every client, on a fresh server placed as `placement` says."""
     results: dict[str, list[Round]] = {"ceiling": [], **{name: [] for name in clients}}
     stored: dict[str, list[int]] = {name: [] for name in clients}
@@ -225,7 +255,12 @@ def run_placement(placement: Placement, clients: dict[str, Path], args, cores: s
 
 
 def report(
-    results: dict[str, list[Round]], stored: dict[str, list[int]], args, placement: Placement, cores: int, load: float
+    results: dict[str, list[Round]],
+    stored: dict[str, list[int]],
+    args: argparse.Namespace,
+    placement: Placement,
+    cores: int,
+    load: float,
 ) -> None:
     ceilings = results["ceiling"]
     ceiling = statistics.median(r.rate for r in ceilings)
