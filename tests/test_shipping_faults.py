@@ -629,6 +629,50 @@ def test_every_full_batch_wakes_the_sender_not_only_the_first():
         logger.close(1)
 
 
+def test_an_intake_bounded_below_a_batch_wakes_the_sender_at_half_of_it():
+    """With a small `max_bytes` the intake holds less than a batch: half of it wakes the sender.
+
+    Were only a full batch to wake it, the intake would fill and drop its oldest
+    while the sender sleeps (up to 1 s): at 10,000 points/s with `max_bytes` 4 MiB
+    about half of what was logged, the server idle. Counted, not timed: the calls
+    to `wake.set()` while the intake fills.
+    """
+    from telemetry_client.testing import InMemoryDestination
+
+    sent = InMemoryDestination()
+    buffer = BufferSettings(max_bytes=2 * 1024 * 1024, flush_interval=60)  # room for about 2,000 raw records
+    logger = MetricsLogger(uid=1, role="miner", destination=sent, self_metrics_interval=None, buffer=buffer)
+    channel = logger.channel
+    engine = channel._engine
+    fields = {f"f{k}": k * 0.5 for k in range(10)}
+    logger.log("m", fields=fields)
+    assert sent.flush(60) == 0  # the sender has measured a record and bounded the intake
+    limit = channel._intake_limit
+    assert limit < channel.settings.batch_items
+    deadline = time.monotonic() + 60
+    while engine.woken and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sets: list[int] = []
+    set_wake = engine.wake.set
+
+    def counting_set() -> None:
+        sets.append(1)
+        set_wake()
+
+    engine.wake.set = counting_set  # type: ignore[method-assign]
+    try:
+        with channel._lock:  # the sender takes nothing meanwhile: only a caller can wake it
+            for _ in range(limit - 1):
+                logger.log("m", fields=fields)
+            assert sets, f"{limit - 1} records waiting of {limit} and the sender not woken"
+        assert sent.flush(60) == 0
+    finally:
+        del engine.wake.set
+        logger.close(1)
+    assert len(sent.points) == limit
+    assert logger.stats()["dropped_by_reason"] == {}
+
+
 def test_a_batch_ready_to_send_goes_before_more_encoding():
     """With records waiting, the sender sends each batch once it is sealed, not after a longer round of encoding.
 

@@ -231,7 +231,6 @@ class Channel:
         lifecycle.sigterm_wanted()  # a bad TELEMETRY_HANDLE_SIGTERM raises here, before anything starts
         self.sink = sink
         self.settings = settings or BufferSettings()
-        self._wake_at = self.settings.batch_items  # records waiting that wake the sender (BufferSettings is frozen)
         self._engine = get_engine()
         self._items_in_body = getattr(sink, "items_in_body", None)
         self._encode_many = getattr(sink, "encode_many", None)
@@ -246,7 +245,7 @@ class Channel:
         self._intake: deque[Any] = deque()
         self._record_bytes = DEFAULT_RECORD_BYTES  # estimated memory of one raw record
         self._record_sampled = False
-        self._intake_limit = self.settings.max_items  # records the intake may hold (see _update_intake_limit)
+        self._set_intake_limit(self.settings.max_items)
         self._in_flight: _Batch | None = None  # the batch whose request the sender is making
         self._in_flight_since = 0.0  # when that request started (monotonic)
         # Seconds from a request's start until the sender saw its answer (a moving average; the
@@ -554,7 +553,17 @@ class Channel:
             kept.extend(self._partials.values())
         items = s.max_items - sum(batch.count or len(batch.items) for batch in kept)
         room = s.max_bytes - sum(batch.memory for batch in kept)
-        self._intake_limit = max(1, min(items, int(room / self._record_bytes)))
+        self._set_intake_limit(max(1, min(items, int(room / self._record_bytes))))
+
+    def _set_intake_limit(self, limit: int) -> None:
+        """How many records the intake may hold, and how many waiting wake the sender (`submit`).
+
+        A full batch wakes it, or half the intake where the bounds leave less than a
+        batch to it (a small `max_bytes`): otherwise the intake would fill and drop its
+        oldest while the sender sleeps (up to 1 s), however fast the server.
+        """
+        self._intake_limit = limit  # records the intake may hold (see _update_intake_limit)
+        self._wake_at = min(self.settings.batch_items, max(1, limit // 2))
 
     def _enforce_bounds(self, now: float) -> None:
         """Drop the oldest data not spared, encoded or not, until everything buffered fits the bounds."""
