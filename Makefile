@@ -38,6 +38,7 @@ bench:
 	$(PYTHON) bench/bench_throughput.py
 	$(PYTHON) bench/bench_busy_threads.py
 	$(PYTHON) bench/bench_outage_memory.py
+	$(PYTHON) bench/bench_small_buffer.py
 	$(PYTHON) bench/bench_outage_recovery.py
 	$(PYTHON) bench/bench_log_stalls.py
 	$(PYTHON) bench/bench_loki_emit.py
