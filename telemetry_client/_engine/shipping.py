@@ -558,9 +558,9 @@ class Channel:
     def _set_intake_limit(self, limit: int) -> None:
         """How many records the intake may hold, and how many waiting wake the sender (`submit`).
 
-        A full batch wakes it, or half the intake where the bounds leave less than a
-        batch to it (a small `max_bytes`): otherwise the intake would fill and drop its
-        oldest while the sender sleeps (up to 1 s), however fast the server.
+        A full batch wakes it, or half the limit when that is less than a batch (a
+        small `max_bytes`): otherwise the intake would fill and drop its oldest while
+        the sender sleeps (up to 1 s), however fast the server.
         """
         self._intake_limit = limit  # records the intake may hold (see _update_intake_limit)
         self._wake_at = min(self.settings.batch_items, max(1, limit // 2))
@@ -1099,7 +1099,7 @@ class Engine:
     def __init__(self) -> None:
         self.channels: list[Channel] = []
         self.wake = threading.Event()
-        # Set with `wake` by callers that fill a batch, cleared with it by the sender: an attribute
+        # Set with `wake` by callers that fill the intake to `_wake_at`, cleared with it by the sender: an attribute
         # read is cheaper than `wake.is_set()` in every `submit` of a flood. The sender clears it
         # before it looks at the intake, so no wake-up is lost; a True left without `wake` (a caller
         # interrupted between the two) costs at most the sender's longest sleep, 1 s.
