@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import json
 import logging
+import os
 import subprocess
 import sys
 import tarfile
@@ -50,6 +52,30 @@ def dedicated_logger(handler: logging.Handler, prefix: str = "bench") -> logging
     logger.setLevel(logging.INFO)
     logger.addHandler(handler)
     return logger
+
+
+def run_client(code: Path, script: str, args: list[str], stdin: str | None = None) -> dict:
+    """`python -c script args` with the client under `code` (see `extract`); its last line of output, as JSON.
+
+    The script prints a JSON object whose "client" is `telemetry_client.__file__`:
+    checked to be under `code`, so that a comparison never runs one client twice.
+    """
+    child = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(code)},
+        cwd=code,  # `python -c` imports from the working directory first
+        timeout=600,
+        check=False,
+    )
+    if child.returncode != 0:
+        raise RuntimeError(f"the client's process ended with {child.returncode}: {child.stderr[-2000:]}")
+    result = json.loads(child.stdout.splitlines()[-1])
+    if not Path(result["client"]).is_relative_to(code):
+        raise RuntimeError(f"the child imported {result['client']}, not the client under {code}")
+    return result
 
 
 def extract(revision: str, into: Path) -> Path:

@@ -14,14 +14,10 @@ runs the client of git revision REV too, alternated.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from _common import ROOT, extract
+from _common import ROOT, extract, run_client
 from servers import influxdb_v1
 
 CHILD = r"""
@@ -50,24 +46,6 @@ print(json.dumps(result))
 """
 
 
-def run(code: Path, url: str, database: str, max_bytes: int, rate: float, seconds: float) -> dict:
-    child = subprocess.run(
-        [sys.executable, "-c", CHILD, url, database, str(max_bytes), str(rate), str(seconds)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(code)},
-        cwd=code,  # `python -c` imports from the working directory first
-        timeout=600,
-        check=False,
-    )
-    if child.returncode != 0:
-        raise RuntimeError(f"the client's process ended with {child.returncode}: {child.stderr[-2000:]}")
-    result = json.loads(child.stdout.splitlines()[-1])
-    if not Path(result["client"]).is_relative_to(code):
-        raise RuntimeError(f"the child imported {result['client']}, not the client under {code}")
-    return result
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=float, default=10_000.0, help="points/s")
@@ -85,7 +63,8 @@ def main() -> None:
             for client_index, (name, code) in enumerate(clients.items()):
                 database = f"small{index}_{client_index}"
                 server.create_database(database)
-                result = run(code, server.url, database, int(size * 1024 * 1024), args.rate, args.seconds)
+                child_args = [server.url, database, str(int(size * 1024 * 1024)), str(args.rate), str(args.seconds)]
+                result = run_client(code, CHILD, child_args)
                 rows = server.rows('SELECT count("field_0") FROM "small"', database)
                 stored = rows[0]["count"] if rows else 0
                 print(

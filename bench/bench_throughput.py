@@ -39,8 +39,6 @@ import gzip
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -48,7 +46,7 @@ from pathlib import Path
 
 import psutil
 import urllib3
-from _common import ROOT, extract
+from _common import ROOT, extract, run_client
 from servers import influxdb_v1
 
 POINTS = 300_000
@@ -117,21 +115,7 @@ def ceiling_rate(url: str, database: str, points: int) -> float:
 
 def client_run(code: Path, url: str, database: str, points: int) -> tuple[float, float]:
     """The client under `code` logging `points` points in a process of its own: (points/s, its CPU seconds)."""
-    child = subprocess.run(
-        [sys.executable, "-c", CHILD, url, database, str(points), str(BATCH), str(TS)],
-        input=json.dumps(records()),
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(code)},
-        cwd=code,  # `python -c` imports from the working directory first
-        timeout=600,
-        check=False,
-    )
-    if child.returncode != 0:
-        raise RuntimeError(f"the client's process ended with {child.returncode}: {child.stderr[-2000:]}")
-    result = json.loads(child.stdout.splitlines()[-1])
-    if not Path(result["client"]).is_relative_to(code):
-        raise RuntimeError(f"the child imported {result['client']}, not the client under {code}")
+    result = run_client(code, CHILD, [url, database, str(points), str(BATCH), str(TS)], json.dumps(records()))
     if result["left"] or result["sent"] != points:
         raise RuntimeError(f"the client delivered {result['sent']:,} of {points:,} points ({result['left']} left)")
     return points / result["elapsed"], result["cpu"]
