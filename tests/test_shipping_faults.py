@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 from counters import assert_counters_add_up
@@ -29,6 +31,24 @@ def _logger(url: str, read_timeout: float = 0.5, **buffer: object) -> MetricsLog
         read_timeout=read_timeout,
         connect_timeout=0.5,
     )
+
+
+@contextlib.contextmanager
+def wake_calls(channel) -> Iterator[list[int]]:
+    """The intake's length at each `wake.set()` of `channel`'s engine while the block runs."""
+    engine = channel._engine
+    calls: list[int] = []
+    set_wake = engine.wake.set
+
+    def recording_set() -> None:
+        calls.append(len(channel._intake))
+        set_wake()
+
+    engine.wake.set = recording_set  # type: ignore[method-assign]
+    try:
+        yield calls
+    finally:
+        del engine.wake.set
 
 
 def _ids(lines: list[bytes]) -> list[int]:
@@ -603,18 +623,9 @@ def test_every_full_batch_wakes_the_sender_not_only_the_first():
     buffer = BufferSettings(batch_items=100, max_items=1_000, flush_interval=60)  # sealed full, never by age
     logger = MetricsLogger(uid=1, role="miner", destination=sent, self_metrics_interval=None, buffer=buffer)
     engine = logger.channel._engine
-    sets: list[int] = []
-    set_wake = engine.wake.set
-
-    def counting_set() -> None:
-        sets.append(1)
-        set_wake()
-
-    engine.wake.set = counting_set  # type: ignore[method-assign]
     try:
         for round_ in range(1, 4):
-            del sets[:]
-            with logger.channel._lock:  # the sender takes no record before the batch is full
+            with wake_calls(logger.channel) as sets, logger.channel._lock:  # the sender takes nothing meanwhile
                 for i in range(100):
                     logger.log("m", fields={"i": float(i)})
             assert sets, f"round {round_}: the caller that filled a batch did not wake the sender"
@@ -625,7 +636,6 @@ def test_every_full_batch_wakes_the_sender_not_only_the_first():
                 time.sleep(0.01)
             assert not engine.woken, f"round {round_}: the sender left `woken` set"
     finally:
-        del engine.wake.set
         logger.close(1)
 
 
@@ -651,16 +661,9 @@ def test_an_intake_bounded_below_a_batch_wakes_the_sender_at_half_of_it():
     # The sender bounds the intake by `max_bytes` after its first delivery, and clears `woken` at its next turn.
     while (channel._intake_limit >= channel.settings.batch_items or engine.woken) and time.monotonic() < deadline:
         time.sleep(0.01)
-    waiting_at_wake: list[int] = []
-    set_wake = engine.wake.set
-
-    def recording_set() -> None:
-        waiting_at_wake.append(len(channel._intake))
-        set_wake()
-
-    engine.wake.set = recording_set  # type: ignore[method-assign]
     try:
-        with channel._lock:  # the sender takes nothing and changes no bound meanwhile: only a caller can wake it
+        # The sender takes nothing and changes no bound meanwhile: only a caller can wake it.
+        with wake_calls(channel) as waiting_at_wake, channel._lock:
             limit = channel._intake_limit
             assert limit < channel.settings.batch_items
             for _ in range(limit - 1):
@@ -669,7 +672,6 @@ def test_an_intake_bounded_below_a_batch_wakes_the_sender_at_half_of_it():
             assert waiting_at_wake[0] == limit // 2
         assert sent.flush(60) == 0
     finally:
-        del engine.wake.set
         logger.close(1)
     assert len(sent.points) == limit
     assert logger.stats()["dropped_by_reason"] == {}
