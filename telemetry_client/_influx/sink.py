@@ -277,7 +277,7 @@ class InfluxSink:
             unhashable = [(k, v) for k, v in tags.items() if not isinstance(v, Hashable)]  # type: ignore[union-attr]
             key, value = unhashable[0] if unhashable else ("?", None)
             warn.warning(
-                f"tag:{key!r}",
+                f"tag-type:{key!r}",
                 "dropped points whose tag %r is a %s: a tag value is a string or a number",
                 key,
                 type(value).__name__,
