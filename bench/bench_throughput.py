@@ -51,6 +51,7 @@ from servers import influxdb_v1
 
 POINTS = 300_000
 BATCH = 5_000
+QUIET_WINDOW = 0.25  # seconds without server work before each run (`wait_until_quiet`)
 TS = 1_700_000_000_000_000_000
 # The client's process: reads the 1,000 (tags, fields) pairs it cycles through on stdin,
 # so that it logs exactly the data the ceiling's bodies hold. The caller's own work
@@ -93,7 +94,8 @@ def records() -> list[tuple[dict[str, str], dict[str, float]]]:
     return [({"node": str(i % 16)}, {f"field_{k}": (i % 1_000) * 0.25 + k for k in range(10)}) for i in range(1_000)]
 
 
-def ceiling_rate(url: str, database: str, points: int) -> float:
+def ceiling_bodies(points: int) -> list[bytes]:
+    """The ceiling's request bodies: the points' line protocol in batches, gzipped."""
     pairs = records()
     lines = []
     for i in range(points):
@@ -103,7 +105,11 @@ def ceiling_rate(url: str, database: str, points: int) -> float:
             + ",".join(f"{k}={v}" for k, v in sorted(fields.items()))
             + f" {TS + i}\n"
         )
-    bodies = [gzip.compress("".join(lines[i : i + BATCH]).encode(), 1) for i in range(0, points, BATCH)]
+    return [gzip.compress("".join(lines[i : i + BATCH]).encode(), 1) for i in range(0, points, BATCH)]
+
+
+def ceiling_rate(url: str, database: str, bodies: list[bytes], points: int) -> float:
+    """Points per second the server takes when the bodies are POSTed back to back over one connection."""
     pool = urllib3.PoolManager(maxsize=1)
     headers = {"Content-Encoding": "gzip", "Content-Type": "text/plain"}
     start = time.perf_counter()
@@ -124,6 +130,25 @@ def client_run(code: Path, url: str, database: str, points: int) -> tuple[float,
 def _cpu_seconds(process: psutil.Process) -> float:
     times = process.cpu_times()
     return times.user + times.system
+
+
+def wait_until_quiet(process: psutil.Process, timeout: float = 15.0) -> None:
+    """Wait until `process` has used under 1% of a core for a quarter of a second (at most `timeout` s).
+
+    InfluxDB keeps working for a while after a run (it writes its cache out once
+    about 25 MB of values are in it: 0.3-0.5 CPU seconds after 300,000 points
+    here). Without this pause that work falls into the next run: into the client's,
+    which starts a fraction of a second after the ceiling's, never into the
+    ceiling's, whose bodies take a second to prepare.
+    """
+    deadline = time.monotonic() + timeout
+    before = _cpu_seconds(process)
+    while time.monotonic() < deadline:
+        time.sleep(QUIET_WINDOW)
+        now = _cpu_seconds(process)
+        if now - before < QUIET_WINDOW / 100:
+            return
+        before = now
 
 
 @dataclass(frozen=True)
@@ -216,12 +241,15 @@ def run_placement(
             for round_ in range(args.rounds):
                 database = f"ceiling{round_}"
                 server.create_database(database)
+                bodies = ceiling_bodies(args.points)
+                wait_until_quiet(influxd)
                 before = _cpu_seconds(influxd)
-                rate = ceiling_rate(server.url, database, args.points)
+                rate = ceiling_rate(server.url, database, bodies, args.points)
                 results["ceiling"].append(Round(rate, _cpu_seconds(influxd) - before, 0.0))
                 for index, (name, code) in enumerate(clients.items()):
                     database = f"client{round_}_{index}"
                     server.create_database(database)
+                    wait_until_quiet(influxd)
                     before = _cpu_seconds(influxd)
                     rate, client_cpu = client_run(code, server.url, database, args.points)
                     results[name].append(Round(rate, _cpu_seconds(influxd) - before, client_cpu))
