@@ -229,6 +229,20 @@ def test_the_proxys_public_ports_cap_the_connections_of_one_address(scaled_loki,
     assert result.returncode != 0 and "must be a whole number of connections" in result.stdout
 
 
+@pytest.mark.parametrize("address", ["::", "", "2001:db8::10"])
+def test_a_proxy_published_on_ipv6_is_refused_while_the_cap_is_on(tmp_path, address):
+    """The cap is an IPv4 rule: Docker publishes an IPv6 or empty bind address on IPv6 (an empty one on both),
+    where one address could hold any number of connections. The role refuses it unless the cap is off."""
+    root = str(tmp_path / "root")
+    variables = {"telemetry_render_only": True, "telemetry_root": root, "reverse_proxy_bind_address": address}
+    result = _play(tmp_path, {}, {}, variables, check=False)
+    assert result.returncode != 0
+    assert f"reverse_proxy_bind_address is '{address}': the connection cap is an IPv4 rule" in result.stdout
+    (tmp_path / "off").mkdir()
+    off = _render(tmp_path / "off", {}, {}, reverse_proxy_bind_address=address, firewall_connections_per_address=0)
+    assert capped(off["grafana_prod"]) == {}
+
+
 def test_one_address_holding_its_cap_is_refused_and_no_other_address_is(tmp_path):
     """The proxy's rules loaded into namespaces that forward to a container as Docker does: one client holds the
     cap's connections to 443 open; its next one is dropped while another client still connects, and once it closes
