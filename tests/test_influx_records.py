@@ -7,6 +7,8 @@ import gc
 import sys
 import threading
 
+import pytest
+
 from telemetry_client._influx import records
 from telemetry_client._influx.records import TagSets, unpack_many
 from telemetry_client._influx.sink import InfluxSink
@@ -149,6 +151,17 @@ def _sent(calls) -> tuple[list[bytes], dict]:
         return b"".join(request.body for request in sent.requests).splitlines(), logger.stats()["dropped_by_reason"]
     finally:
         logger.close(1)
+
+
+@pytest.mark.parametrize("tags", [{"node": "x\ty"}, {"node": "x\\y"}], ids=["tab", "backslash"])
+def test_a_point_of_an_invalid_series_amid_common_points_is_dropped_alone(tags):
+    """A chunk of common points (float fields, int timestamps, tags logged as numbers) is encoded whole: a point
+    whose series cannot be written stops it there, is counted `invalid`, and the points after it are sent."""
+    calls = [{"measurement": "m", "tags": {"node": "a"}, "fields": {"a": 1.0}, "timestamp": 1}]
+    calls.append({"measurement": "m", "tags": tags, "fields": {"a": 2.0}, "timestamp": 2})
+    calls += [{"measurement": "m", "tags": {"node": "b"}, "fields": {"a": 3.0}, "timestamp": 3}]
+    lines, drops = _sent(calls)
+    assert (lines, drops) == ([b"m,node=a,role=miner,uid=3 a=1 1", b"m,node=b,role=miner,uid=3 a=3 3"], {"invalid": 1})
 
 
 def test_field_names_of_a_str_subclass_are_written_as_their_text():

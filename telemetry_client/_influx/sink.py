@@ -30,6 +30,8 @@ SELF_METRICS_MEASUREMENT = "telemetry_client"
 MIN_TIME_NS = -(2**63) + 2
 MAX_TIME_NS = 2**63 - 2
 _INT = {int}
+_NONE = {type(None)}
+_LINE = b"%s %s %d\n"  # a point's line: series, fields, timestamp
 _LINE_OF = operator.itemgetter(0)  # an item's line
 
 
@@ -247,6 +249,43 @@ class InfluxSink:
         texts = self.fields.plain_many(field_sets)
         if texts is None:
             return None
+        series = self._chunk_series(measurements, tags)
+        if series is None:
+            return self._encode_chunk_by_point(measurements, tags, texts, stamps, items)
+        end = series.index(b"") if b"" in series else len(series)
+        lines = list(map(_LINE.__mod__, zip(series[:end], texts, stamps, strict=False)))  # up to `end`
+        items.extend(zip(lines, map(len, lines), measurements, strict=False))
+        return end
+
+    def _chunk_series(self, measurements: tuple[str, ...], tags: tuple[Any, ...]) -> list[bytes] | None:
+        """Each point's series in a few calls, when the tags are all numbers (`log` with tags) or all None.
+
+        None for a chunk of other tags (dicts, which `encode_many`'s callers other than
+        `log` may give): `_encode_chunk_by_point` takes it.
+        """
+        kinds = set(map(type, tags))
+        if kinds == _INT:
+            keys: Iterable[Any] = zip(measurements, tags, strict=True)  # `_series_key`, for numbered tags
+        elif kinds == _NONE:
+            keys = measurements
+        else:
+            return None
+        series = list(map(self._series.get, keys))
+        if None in series:
+            for index, known in enumerate(series):
+                if known is None:
+                    series[index] = self._series_for(measurements[index], tags[index])
+        return series  # type: ignore[return-value]
+
+    def _encode_chunk_by_point(
+        self,
+        measurements: tuple[str, ...],
+        tags: tuple[Any, ...],
+        texts: list[bytes],
+        stamps: tuple[int, ...],
+        items: list[Item],
+    ) -> int:
+        """`_encode_chunk`'s lines one point at a time, for tags given as dicts."""
         append = items.append
         series_of = self._series.get
         points = zip(measurements, tags, texts, stamps, strict=True)
@@ -264,7 +303,7 @@ class InfluxSink:
                 return index
             line = b"%s %s %d\n" % (series, text, ts)
             append((line, len(line), measurement))
-        return len(records)
+        return len(measurements)
 
     def _emit_point(
         self,
