@@ -252,7 +252,7 @@ class InfluxSink:
         series = self._chunk_series(measurements, tags)
         if series is None:
             return self._encode_chunk_by_point(measurements, tags, texts, stamps, items)
-        end = series.index(b"") if b"" in series else len(series)
+        end = len(series) if all(series) else series.index(b"")
         lines = list(map(_LINE.__mod__, zip(series[:end], texts, stamps, strict=False)))  # up to `end`
         items.extend(zip(lines, map(len, lines), measurements, strict=False))
         return end
@@ -265,17 +265,20 @@ class InfluxSink:
         """
         kinds = set(map(type, tags))
         if kinds == _INT:
-            keys: Iterable[Any] = zip(measurements, tags, strict=True)  # `_series_key`, for numbered tags
+            keys: tuple[Any, ...] = tuple(zip(measurements, tags, strict=True))  # `_series_key`, for numbered tags
         elif kinds == _NONE:
             keys = measurements
         else:
             return None
-        series = list(map(self._series.get, keys))
-        if None in series:
-            for index, known in enumerate(series):
-                if known is None:
-                    series[index] = self._series_for(measurements[index], tags[index])
-        return series  # type: ignore[return-value]
+        cache = self._series
+        try:
+            return list(map(cache.__getitem__, keys))
+        except KeyError:  # a series not seen before: built and cached here, as `encode` would
+            found = list(map(cache.get, keys))
+            return [
+                self._series_for(measurement, point_tags) if known is None else known
+                for measurement, point_tags, known in zip(measurements, tags, found, strict=True)
+            ]
 
     def _encode_chunk_by_point(
         self,
