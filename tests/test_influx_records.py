@@ -153,15 +153,27 @@ def _sent(calls) -> tuple[list[bytes], dict]:
         logger.close(1)
 
 
-@pytest.mark.parametrize("tags", [{"node": "x\ty"}, {"node": "x\\y"}], ids=["tab", "backslash"])
-def test_a_point_of_an_invalid_series_amid_common_points_is_dropped_alone(tags):
-    """A chunk of common points (float fields, int timestamps, tags logged as numbers) is encoded whole: a point
-    whose series cannot be written stops it there, is counted `invalid`, and the points after it are sent."""
-    calls = [{"measurement": "m", "tags": {"node": "a"}, "fields": {"a": 1.0}, "timestamp": 1}]
-    calls.append({"measurement": "m", "tags": tags, "fields": {"a": 2.0}, "timestamp": 2})
-    calls += [{"measurement": "m", "tags": {"node": "b"}, "fields": {"a": 3.0}, "timestamp": 3}]
-    lines, drops = _sent(calls)
-    assert (lines, drops) == ([b"m,node=a,role=miner,uid=3 a=1 1", b"m,node=b,role=miner,uid=3 a=3 3"], {"invalid": 1})
+@pytest.mark.parametrize("bad", [{"node": "x\ty"}, {"node": "x\\y"}], ids=["tab", "backslash"])
+@pytest.mark.parametrize("untagged", [False, True], ids=["numbered", "numbered-and-none"])
+def test_a_chunk_of_common_points_stops_at_an_invalid_series_and_builds_each_new_series_once(bad, untagged):
+    """A chunk of common points (float fields, int timestamps, tags numbered or none) is encoded whole: up to a
+    point whose series cannot be written, which `encode` then counts; a series new to the chunk is built once."""
+    cycle = [{"node": "a"}, None, {"node": "b"}] if untagged else [{"node": "a"}, {"node": "b"}, {"node": "a"}]
+    calls = [{"measurement": "m", "tags": cycle[i % 3], "fields": {"a": float(i)}, "timestamp": i} for i in range(6)]
+    calls.insert(4, {"measurement": "m", "tags": bad, "fields": {"a": 9.0}, "timestamp": 9})
+    queued, sink = _queued(calls)
+    records = sink.unpack_many(queued)
+    built = []
+    series_for = sink._series_for
+    sink._series_for = lambda *args: built.append(args) or series_for(*args)  # type: ignore[method-assign]
+    items, index = sink.encode_many(records, 0)
+    assert index == 4 and len(built) == len({str(tags) for tags in cycle}) + 1  # each series once, the bad one too
+    rest, end = sink.encode_many(records, 5)
+    lines = [b"m,node=a,role=miner,uid=3", b"m,role=miner,uid=3" if untagged else b"m,node=b,role=miner,uid=3"]
+    lines += [b"m,node=b,role=miner,uid=3" if untagged else b"m,node=a,role=miner,uid=3"]
+    expected = [b"%s a=%d %d\n" % (lines[i % 3], i, i) for i in range(6)]
+    assert [line for line, _, _ in items + rest] == expected
+    assert end == 7 and [key for _, _, key in items + rest] == ["m"] * 6
 
 
 def test_field_names_of_a_str_subclass_are_written_as_their_text():

@@ -31,6 +31,7 @@ MIN_TIME_NS = -(2**63) + 2
 MAX_TIME_NS = 2**63 - 2
 _INT = {int}
 _NONE = {type(None)}
+_INT_OR_NONE = _INT | _NONE
 _LINE = b"%s %s %d\n"  # a point's line: series, fields, timestamp
 _LINE_OF = operator.itemgetter(0)  # an item's line
 
@@ -227,7 +228,7 @@ class InfluxSink:
                 text = plain(fields) if series else None
                 if not text:
                     return items, index
-                line = b"%s %s %d\n" % (series, text, ts)
+                line = _LINE % (series, text, ts)
             except Exception:  # unhashable tags, text that is not valid Unicode: `encode` says what
                 return items, index
             append((line, len(line), measurement))
@@ -246,67 +247,49 @@ class InfluxSink:
             return None
         if not MIN_TIME_NS <= min(stamps) <= max(stamps) <= MAX_TIME_NS:
             return None
+        series = self._chunk_series(measurements, tags)
+        if series is None:
+            return None
         texts = self.fields.plain_many(field_sets)
         if texts is None:
             return None
-        series = self._chunk_series(measurements, tags)
-        if series is None:
-            return self._encode_chunk_by_point(measurements, tags, texts, stamps, items)
         end = len(series) if all(series) else series.index(b"")
         lines = list(map(_LINE.__mod__, zip(series[:end], texts, stamps, strict=False)))  # up to `end`
         items.extend(zip(lines, map(len, lines), measurements, strict=False))
         return end
 
     def _chunk_series(self, measurements: tuple[str, ...], tags: tuple[Any, ...]) -> list[bytes] | None:
-        """Each point's series in a few calls, when the tags are all numbers (`log` with tags) or all None.
+        """The points' series up to the first invalid one (empty) included: one `map` when all are known.
 
-        None for a chunk of other tags (dicts, which `encode_many`'s callers other than
-        `log` may give): `_encode_chunk_by_point` takes it.
+        None when some point's tags are a dict (`log` keeps a copy of tags it cannot
+        number: unhashable values, more sets than `TagSets.LIMIT`) or a measurement
+        cannot be a key: `encode_many` then takes the chunk point by point.
         """
         kinds = set(map(type, tags))
         if kinds == _INT:
-            keys: tuple[Any, ...] = tuple(zip(measurements, tags, strict=True))  # `_series_key`, for numbered tags
+            keys: tuple[Any, ...] = tuple(zip(measurements, tags, strict=True))  # `_series_key`, inline
         elif kinds == _NONE:
             keys = measurements
+        elif kinds == _INT_OR_NONE:
+            keys = tuple(m if t is None else (m, t) for m, t in zip(measurements, tags, strict=True))
         else:
             return None
         cache = self._series
         try:
             return list(map(cache.__getitem__, keys))
-        except KeyError:  # a series not seen before: built and cached here, as `encode` would
-            found = list(map(cache.get, keys))
-            return [
-                self._series_for(measurement, point_tags) if known is None else known
-                for measurement, point_tags, known in zip(measurements, tags, found, strict=True)
-            ]
-
-    def _encode_chunk_by_point(
-        self,
-        measurements: tuple[str, ...],
-        tags: tuple[Any, ...],
-        texts: list[bytes],
-        stamps: tuple[int, ...],
-        items: list[Item],
-    ) -> int:
-        """`_encode_chunk`'s lines one point at a time, for tags given as dicts."""
-        append = items.append
-        series_of = self._series.get
-        points = zip(measurements, tags, texts, stamps, strict=True)
-        for index, (measurement, point_tags, text, ts) in enumerate(points):
-            try:
-                if type(point_tags) is int:  # `_series_key`, inline
-                    series = series_of((measurement, point_tags))
-                else:
-                    series = series_of((measurement, tuple(point_tags.items())) if point_tags else measurement)
-            except TypeError:  # unhashable tag values: `encode` says what
-                return index
-            if series is None:
-                series = self._series_for(measurement, point_tags)
-            if not series:
-                return index
-            line = b"%s %s %d\n" % (series, text, ts)
-            append((line, len(line), measurement))
-        return len(measurements)
+        except KeyError:  # a series not seen before (the first chunk of each new tag set): built once below
+            pass
+        except TypeError:
+            return None
+        series = []
+        for measurement, point_tags, key in zip(measurements, tags, keys, strict=True):
+            known = cache.get(key)
+            if known is None:
+                known = self._series_for(measurement, point_tags)
+            series.append(known)
+            if not known:
+                break  # the chunk stops at this point: `encode` counts it
+        return series
 
     def _emit_point(
         self,
@@ -346,7 +329,7 @@ class InfluxSink:
             return
         if b"\n" in encoded_fields:
             self._multiline = True
-        line = b"%s %s %d\n" % (series, encoded_fields, ts)
+        line = _LINE % (series, encoded_fields, ts)
         emit((line, len(line), measurement))
 
     def build_body(self, items: Sequence[Item]) -> bytes:
@@ -356,8 +339,9 @@ class InfluxSink:
         """True when every line of `body` is one item (no string field holds a newline).
 
         Then a sealed batch keeps only its compressed body, and `items_from_body`
-        gives the lines back if the server refuses some of them. Names never hold a
-        newline (`lp.valid_name`), nor numbers: only a text field can, and `_emit_point`
+        gives the lines back if the server refuses some of them. No name holds a
+        newline (a point's are checked by `lp.valid_name`, the standard tags by
+        `MetricsLogger`), nor does a number: only a text field can, and `_emit_point`
         notes it; until one does, the lines need no counting.
         """
         return not self._multiline or body.count(b"\n") == count
