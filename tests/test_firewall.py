@@ -217,7 +217,14 @@ def test_the_proxys_public_ports_cap_the_connections_of_one_address(scaled_loki,
             assert capped(text) == {}, host
     for run in ("moved", "off"):
         (tmp_path / run).mkdir()
-    moved = _render(tmp_path / "moved", {}, {}, reverse_proxy_https_port=8443, firewall_connections_per_address=3)
+    moved = _render(
+        tmp_path / "moved",
+        {},
+        {},
+        reverse_proxy_https_port=8443,
+        firewall_connections_per_address=3,
+        reverse_proxy_bind_address="203.0.113.7",  # an IPv4 address of its own: capped as 0.0.0.0 is
+    )
     assert capped(moved["grafana_prod"]) == {80: 3, 8443: 3}
     off = _render(tmp_path / "off", {}, {}, firewall_connections_per_address=0)
     assert capped(off["grafana_prod"]) == {}
