@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -13,6 +14,7 @@ from telemetry_client._engine.transport import HttpTransport
 from telemetry_client._influx import line_protocol as lp
 from telemetry_client._influx.fields import FieldEncoder
 from telemetry_client._influx.sink import InfluxSink
+from telemetry_client.errors import ConfigurationError
 from telemetry_client.metrics import encode_lines
 
 # Text with the characters line protocol treats specially, plus unicode.
@@ -149,6 +151,19 @@ def test_encode_lines_refuses_by_default_what_a_logger_would_drop():
     assert list(encode_lines([("m", None, {"x": 1}, 5)], {"uid": "1"})) == [b"m,uid=1 x=1 5\n"]
     with pytest.raises(ValueError, match="no_fields"):
         list(encode_lines([("m", None, {}, 5)]))
+
+
+def test_encode_lines_refuses_standard_tags_a_logger_refuses():
+    """A standard tag goes into every line: one holding a newline would split each line in two."""
+    with pytest.raises(ConfigurationError, match=re.escape("tag host='a\\nb' cannot be written to InfluxDB exactly")):
+        list(encode_lines([("m", None, {"x": 1.0}, 5)], {"host": "a\nb"}))
+
+
+def test_encode_lines_counts_a_measurement_that_is_not_text_and_goes_on(caplog):
+    drops: list = []
+    points = [(["m"], None, {"x": 1.0}, 5), ("m", None, {"x": 2.0}, 6)]
+    assert list(encode_lines(points, on_drop=lambda *drop: drops.append(drop))) == [b"m x=2 6\n"]
+    assert drops == [("invalid", 1)] and "measurement is a list" in caplog.text
 
 
 # A few series and key sets, so that records repeat them (the fast path takes a series seen before).

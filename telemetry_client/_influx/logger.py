@@ -22,7 +22,7 @@ from telemetry_client._influx import line_protocol as lp
 from telemetry_client._influx.connection import Connection
 from telemetry_client._influx.fields import DEFAULT_MAX_STRING_BYTES, list_stats
 from telemetry_client._influx.records import GPU, MEASUREMENT, SAMPLED, SYSTEM, TAGS, TIME
-from telemetry_client._influx.sink import InfluxSink
+from telemetry_client._influx.sink import InfluxSink, check_standard_tags
 from telemetry_client.config import InfluxDBConfig, influxdb_config
 from telemetry_client.errors import ConfigurationError
 
@@ -219,12 +219,7 @@ class MetricsLogger:
         if network is not None:
             tags["network"] = network
         self.standard_tags = {k: str(v) for k, v in tags.items() if v not in (None, "")}
-        for key, value in self.standard_tags.items():
-            if not (lp.valid_key(key) and lp.valid_name(value)):
-                raise ConfigurationError(
-                    f"tag {key}={value!r} cannot be written to InfluxDB exactly "
-                    "(no tab, newline, carriage return or backslash)"
-                )
+        check_standard_tags(self.standard_tags)
         if prefix and not lp.valid_measurement(prefix):
             raise ConfigurationError(f"prefix {prefix!r} is not a valid measurement name prefix")
         buffer = seed_buffer_arguments(buffer, max_queue_size, max_workers)

@@ -23,6 +23,7 @@ from telemetry_client._influx.records import Record, TagSets, unpack_many
 from telemetry_client._influx.rejections import Refusal, read_refusal
 from telemetry_client._influx.system_metrics import SystemSampler
 from telemetry_client.catalog import DELTA_SUFFIX, DROP_REASONS, LOKI_ONLY_COUNTERS, SELF_COUNTERS, SPARSE_DELTAS
+from telemetry_client.errors import ConfigurationError
 
 SELF_METRICS_MEASUREMENT = "telemetry_client"
 # The times InfluxDB stores (models/time.go: MinNanoTime = MinInt64 + 2, MaxNanoTime = MaxInt64 - 1);
@@ -34,6 +35,16 @@ _NONE = {type(None)}
 _INT_OR_NONE = _INT | _NONE
 _LINE = b"%s %s %d\n"  # a point's line: series, fields, timestamp
 _LINE_OF = operator.itemgetter(0)  # an item's line
+
+
+def check_standard_tags(tags: Mapping[str, str]) -> None:
+    """Raise ConfigurationError for a standard tag that cannot be written exactly (its text goes in every line)."""
+    for key, value in tags.items():
+        if not (lp.valid_key(key) and lp.valid_name(value)):
+            raise ConfigurationError(
+                f"tag {key}={value!r} cannot be written to InfluxDB exactly "
+                "(no tab, newline, carriage return or backslash)"
+            )
 
 
 def _timestamp_ns(timestamp: Any) -> int:
@@ -302,10 +313,14 @@ class InfluxSink:
     ) -> None:
         try:
             series = self._series.get(_series_key(measurement, tags))
-        except TypeError:  # a tag value that cannot be a dict key (a list): not a tag
+        except TypeError:  # a tag value (or, from `encode_lines`, a measurement) that cannot be a dict key
             drop("invalid", 1)
-            unhashable = [(k, v) for k, v in tags.items() if not isinstance(v, Hashable)]  # type: ignore[union-attr]
-            key, value = unhashable[0] if unhashable else ("?", None)
+            pairs = tags.items() if isinstance(tags, Mapping) else ()
+            unhashable = [(k, v) for k, v in pairs if not isinstance(v, Hashable)]
+            if not unhashable:
+                warn.warning("measurement-type", "dropped points whose measurement is a %s", type(measurement).__name__)
+                return
+            key, value = unhashable[0]
             warn.warning(
                 f"tag-type:{key!r}",
                 "dropped points whose tag %r is a %s: a tag value is a string or a number",
@@ -430,6 +445,7 @@ def encode_lines(
     metrics. A point the logger would drop calls `on_drop(reason, count)` with the
     drop reason its counters use; by default that raises `ValueError`.
     """
+    check_standard_tags(standard_tags or {})
     sink = InfluxSink(None, dict(standard_tags or {}), max_string_bytes, 0.0, None)  # type: ignore[arg-type]
     lines: list[bytes] = []
 
