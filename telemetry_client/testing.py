@@ -156,7 +156,7 @@ class InMemoryDestination:
     def _record(self, request: Request) -> None:
         """Decode one request's body (sender thread)."""
         if request.sink == "influxdb":
-            points = [parse_line(line) for line in request.body.decode("utf-8").split("\n") if line]
+            points = parse_lines(request.body.decode("utf-8"))
             entries: list[LogEntry] = []
         else:
             points, entries = [], parse_push(request.body)
@@ -234,25 +234,44 @@ def _read_string(text: str, start: int) -> tuple[str, int]:
 
 def parse_line(line: str) -> Point:
     """One line as the client writes it: escaped names, sorted tags, float and string fields, a ns timestamp."""
-    measurement, i = _read_name(line, 0, ", ")
+    return _parse_at(line, 0)[0]
+
+
+def parse_lines(body: str) -> list[Point]:
+    """Every line of a request body, in order; a text field may hold a newline of its own."""
+    points = []
+    position = 0
+    while position < len(body):
+        if body[position] == "\n":
+            position += 1
+            continue
+        point, position = _parse_at(body, position)
+        points.append(point)
+    return points
+
+
+def _parse_at(text: str, start: int) -> tuple[Point, int]:
+    """The line starting at `start`, and where the next one starts (after the newline that ends its timestamp)."""
+    measurement, i = _read_name(text, start, ", ")
     tags: dict[str, str] = {}
-    while line[i] == ",":
-        key, i = _read_name(line, i + 1, "=")
-        tags[key], i = _read_name(line, i + 1, ", ")
+    while text[i] == ",":
+        key, i = _read_name(text, i + 1, "=")
+        tags[key], i = _read_name(text, i + 1, ", ")
     fields: dict[str, float | str] = {}
     i += 1  # the space before the fields
     while True:
-        key, i = _read_name(line, i, "=")
-        if line[i + 1] == '"':
-            fields[key], i = _read_string(line, i + 1)
+        key, i = _read_name(text, i, "=")
+        if text[i + 1] == '"':
+            fields[key], i = _read_string(text, i + 1)
         else:
-            number, i = _read_name(line, i + 1, ", ")
+            number, i = _read_name(text, i + 1, ", ")
             fields[key] = float(number)
-        if line[i] == " ":
+        if text[i] == " ":
             break
         i += 1  # the comma before the next field
-    timestamp = int(line[i + 1 :])
-    return Point(measurement, tags, fields, timestamp, line)
+    end = text.find("\n", i)
+    end = len(text) if end < 0 else end
+    return Point(measurement, tags, fields, int(text[i + 1 : end]), text[start:end]), end + 1
 
 
 def parse_push(body: bytes) -> list[LogEntry]:

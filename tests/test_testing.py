@@ -26,6 +26,20 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> InMemoryDestination:
     return InMemoryDestination()
 
 
+def test_a_text_field_holding_a_newline_is_read_back_whole(sent: InMemoryDestination) -> None:
+    """Line protocol keeps a newline inside a quoted field: the body is not split at it."""
+    logger = MetricsLogger(uid=7, role="miner", destination=sent, self_metrics_interval=None)
+    logger.log("notes", fields={"note": "two\nlines", "loss": 0.5}, timestamp=1)
+    logger.log("notes", fields={"note": "one line"}, timestamp=2)
+    assert sent.flush() == 0
+    assert [(point.fields, point.timestamp) for point in sent.points] == [
+        ({"loss": 0.5, "note": "two\nlines"}, 1),
+        ({"note": "one line"}, 2),
+    ]
+    assert logger.stats()["sent"] == 2
+    logger.close(1)
+
+
 def test_points_are_what_the_encoder_writes_with_the_loggers_tags(sent: InMemoryDestination) -> None:
     logger = MetricsLogger(uid=7, role="miner", prefix="V", destination=sent, self_metrics_interval=None)
     fields = {"loss": 0.25, "note": 'said "hi" \\ ok', "steps": 3, "flag": True}
