@@ -245,9 +245,10 @@ def test_a_proxy_published_on_ipv6_is_refused_while_the_cap_is_on(tmp_path, addr
     result = _play(tmp_path, {}, {}, variables, check=False)
     assert result.returncode != 0
     assert f"reverse_proxy_bind_address is '{address}': the connection cap is an IPv4 rule" in result.stdout
-    (tmp_path / "off").mkdir()
-    off = _render(tmp_path / "off", {}, {}, reverse_proxy_bind_address=address, firewall_connections_per_address=0)
-    assert capped(off["grafana_prod"]) == {}
+    if address == "::":  # one address is enough to show the cap's 0 lifts the check
+        (tmp_path / "off").mkdir()
+        off = _render(tmp_path / "off", {}, {}, reverse_proxy_bind_address=address, firewall_connections_per_address=0)
+        assert capped(off["grafana_prod"]) == {}
 
 
 def test_one_address_holding_its_cap_is_refused_and_no_other_address_is(tmp_path):

@@ -294,7 +294,10 @@ class InfluxSink:
             return None
         series = []
         for measurement, point_tags, key in zip(measurements, tags, keys, strict=True):
-            known = cache.get(key)
+            try:
+                known = cache.get(key)
+            except TypeError:  # a measurement that cannot be a key, after a new series
+                return None
             if known is None:
                 known = self._series_for(measurement, point_tags)
             series.append(known)
