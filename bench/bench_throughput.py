@@ -6,7 +6,8 @@ costs nothing. The client runs in a process of its own, which logs the points as
 fast as it can and flushes; it is given room for every point (a drop would make
 the rate meaningless, and a fast machine's caller outruns the sender most). Both
 run against the same fresh server in one run, alternated, round after round: the
-server's speed drifts. The CPU time of each side is measured too.
+server's speed drifts. Each run starts once the server is quiet (`wait_until_quiet`).
+The CPU time of each side is measured too.
 
 Two placements, each with a server of its own, one after the other:
 
