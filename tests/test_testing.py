@@ -31,7 +31,7 @@ def test_a_text_field_holding_a_newline_is_read_back_whole(sent: InMemoryDestina
     logger = MetricsLogger(uid=7, role="miner", destination=sent, self_metrics_interval=None)
     logger.log("notes", fields={"note": "two\nlines", "loss": 0.5}, timestamp=1)
     logger.log("notes", fields={"note": "one line"}, timestamp=2)
-    assert sent.flush() == 0
+    assert sent.flush(60) == 0
     assert [(point.fields, point.timestamp) for point in sent.points] == [
         ({"loss": 0.5, "note": "two\nlines"}, 1),
         ({"note": "one line"}, 2),

@@ -32,7 +32,6 @@ MIN_TIME_NS = -(2**63) + 2
 MAX_TIME_NS = 2**63 - 2
 _INT = {int}
 _NONE = {type(None)}
-_INT_OR_NONE = _INT | _NONE
 _LINE = b"%s %s %d\n"  # a point's line: series, fields, timestamp
 _LINE_OF = operator.itemgetter(0)  # an item's line
 
@@ -272,31 +271,28 @@ class InfluxSink:
     def _chunk_series(self, measurements: tuple[str, ...], tags: tuple[Any, ...]) -> list[bytes] | None:
         """The points' series up to the first invalid one (empty) included: one `map` when all are known.
 
-        None when some point's tags are a dict (`log` keeps a copy of tags it cannot
-        number: unhashable values, more sets than `TagSets.LIMIT`) or a measurement
-        cannot be a key: `encode_many` then takes the chunk point by point.
+        None when some point's tags hold a value that cannot be a key (`log` keeps a
+        copy of such tags): `encode_many` then takes the chunk point by point.
         """
         kinds = set(map(type, tags))
-        if kinds == _INT:
-            keys: tuple[Any, ...] = tuple(zip(measurements, tags, strict=True))  # `_series_key`, inline
+        if kinds == _INT:  # `log` with tags: `_series_key`, inline
+            keys: tuple[Any, ...] = tuple(zip(measurements, tags, strict=True))
         elif kinds == _NONE:
             keys = measurements
-        elif kinds == _INT_OR_NONE:
-            keys = tuple(m if t is None else (m, t) for m, t in zip(measurements, tags, strict=True))
         else:
-            return None
+            keys = tuple(map(_series_key, measurements, tags))
         cache = self._series
         try:
             return list(map(cache.__getitem__, keys))
         except KeyError:  # a series not seen before (the first chunk of each new tag set): built once below
             pass
-        except TypeError:
+        except TypeError:  # a tag value that cannot be a key (a list)
             return None
         series = []
         for measurement, point_tags, key in zip(measurements, tags, keys, strict=True):
             try:
                 known = cache.get(key)
-            except TypeError:  # a measurement that cannot be a key, after a new series
+            except TypeError:  # as above, after a new series
                 return None
             if known is None:
                 known = self._series_for(measurement, point_tags)
